@@ -1,0 +1,35 @@
+"""Errors a user can cause, as a small hierarchy.
+
+Every message is one line that names the thing that is wrong (a path, a line, a tensor)
+and says how to fix it. The CLI prints it as ``error: <message>`` and exits with 2; the
+traceback is shown only when ``MTP_OBSERVE_DEBUG=1``. Internal invariants are asserts,
+never these.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Base class: something the user can fix. Exit code 2."""
+
+    exit_code = 2
+
+    def __init__(self, message: str):
+        assert "\n" not in message, f"user-facing errors are one line: {message!r}"
+        super().__init__(message)
+
+
+class CheckpointError(UserError):
+    """The model directory cannot be read as a Qwen3.5-family checkpoint with an MTP head."""
+
+
+class InputError(UserError):
+    """A recorded-session file is malformed (names file, line, session id and the fix)."""
+
+
+class RunDirectoryError(UserError):
+    """A run directory is missing, incompatible, or would be clobbered."""
+
+
+class OptionError(UserError):
+    """A command-line option has a value the command cannot use."""

@@ -1,0 +1,354 @@
+"""The MTP draft head, run exactly as the serving engines run it.
+
+Contract: given the target's post-final-norm hidden states h_0..h_{n-1} of one request and
+its tokens, `row_pass` runs the head once over every row i = (h_i, x_{i+1}) at RoPE position
+i and returns the head's post-norm states m_i together with its own KV cache; `chain` then
+drafts d_1..d_K at many anchors at once. The head knows nothing about sessions, spans or
+the target model; it holds its 15 tensors and borrows the target's embedding and lm_head.
+
+One row (all norms zero-centred RMSNorm, N(x; w) = x * rsqrt(mean(x^2) + eps) * (1 + w),
+computed in fp32 and cast back):
+
+    z   = fc( cat[ N(embed(x_{i+1}); pre_fc_norm_embedding), N(h_i; pre_fc_norm_hidden) ] )
+    z   = z + o_proj( attention(N(z; input_layernorm)) * sigmoid(gate) )      # gated, GQA, partial RoPE
+    z   = z + mlp( N(z; post_attention_layernorm) )
+    m_i = N(z; norm)                       draft for x_{i+2} = argmax lm_head(m_i)
+
+Drafting at anchor p (the target has just emitted x_p, so it holds h_{p-1}):
+    step 1:     row p-1 = (h_{p-1}, x_p) at position p-1 (already computed by the row pass) -> d_1
+    step s>=2:  (embed(d_{s-1}), m^{(s-1)}) at position p+s-2, attending to the true rows
+                0..p-1 and the earlier chain rows of the same draft -> d_s
+    Worked example, p=10, K=3: d_1 from row 9 (h_9, x_10) @ pos 9; d_2 from (d_1, m^(1)) @ pos 10
+    seeing rows 0..9 + itself; d_3 from (d_2, m^(2)) @ pos 11 seeing rows 0..9, the d_2 row, itself.
+
+Readings taken from the serving engines' code rather than from tensor shapes (vLLM
+`qwen3_5_mtp.py` / `qwen3_next_mtp.py` / `v1/spec_decode/eagle.py`, SGLang
+`qwen3_5_mtp.py` / `eagle_worker.py`):
+  - the fc input is [embedding, hidden] in that order (shapes allow either);
+  - each half has its own norm (pre_fc_norm_embedding, pre_fc_norm_hidden), not one over 2H;
+  - the hidden is the target's post-final-norm state (the tensor its lm_head consumes);
+  - row i pairs h_i with the *next* token x_{i+1};
+  - the head runs over every position the target processes (prompt included) with its own
+    KV cache, at the position of h_i;
+  - a chain step feeds back the head's post-norm output m (after mtp.norm), re-normed by
+    pre_fc_norm_hidden, at a position advanced by one per step, reusing layer
+    `step % mtp_num_hidden_layers`;
+  - drafts are argmax whatever the serving temperature.
+Readings that follow from Qwen3.5's own attention (transformers' Qwen3_5Attention): q_proj's
+output is viewed [nh, 2d] and split per head into query and gate; q_norm/k_norm over d
+before RoPE; partial rotary on the first rotary_dim dims with rotate-half pairing; text
+M-RoPE streams are equal, so plain 1-D RoPE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .checkpoint import HeadGeometry, expected_head_shapes
+
+# Default bound on one attention score block (elements of [heads, queries, keys] in fp32).
+ATTENTION_BUDGET = 1 << 26  # 64 Mi elements = 256 MiB
+# Default bound on one lm_head logits block (elements of [rows, vocab] in fp32).
+LOGITS_BUDGET = 1 << 26
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure helpers (shapes in comments)
+
+
+def zero_centred_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """N(x; w) = x * rsqrt(mean(x^2) + eps) * (1 + w), in fp32, cast back.  x: [..., D], w: [D].
+
+    Worked example: x = [3, 4], w = [0, 1], eps = 0: rms = sqrt(12.5) = 3.5355;
+    N = [3/3.5355 * 1, 4/3.5355 * 2] = [0.8485, 2.2627].
+    """
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * (1.0 + weight.float())).to(x.dtype)
+
+
+def rotary_inv_freq(rotary_dim: int, theta: float, device=None) -> Tensor:
+    """[rotary_dim / 2] inverse frequencies, as transformers computes them for Qwen3.5."""
+    return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim))
+
+
+def rotary_cos_sin(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """positions: [n] -> cos, sin: [n, rotary_dim], frequencies repeated as [f, f] (rotate-half layout)."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_partial_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate the first rotary_dim dims of x with rotate-half pairing (i with i + r/2); pass the rest.
+
+    x: [heads, n, d]; cos, sin: [n, r] with r <= d.
+    """
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., :r], x[..., r:]
+    x1, x2 = x_rot[..., : r // 2], x_rot[..., r // 2 :]
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
+
+
+def causal_mask(q_positions: Tensor, k_positions: Tensor) -> Tensor:
+    """[nq, nk] bool, True where query may attend key (key position <= query position).
+
+    Explicit, because a default `is_causal` mask is top-left aligned and wrong as soon as
+    the cache already holds keys (a query chunk after the first).
+    """
+    return k_positions[None, :] <= q_positions[:, None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs
+
+
+@dataclass(frozen=True)
+class RowPass:
+    """The head run over every row of one request."""
+
+    states: Tensor  # [n, H]  m_i: the head's post-norm state of row i = (h_i, x_{i+1}) at position i
+    keys: Tensor  # [nkv, n, d]  its KV cache after k_norm and RoPE
+    values: Tensor  # [nkv, n, d]
+
+
+@dataclass(frozen=True)
+class Drafts:
+    """The chain's drafts at a set of anchors."""
+
+    anchors: Tensor  # [A] int64  anchor positions p (x_p just emitted)
+    depths: Tensor  # [A] int64  how many depths were drafted at each anchor (1..K)
+    tokens: Tensor  # [A, K] int64  d_1..d_K; -1 past depths[a]
+    logprobs: Tensor  # [A, K] float32  log-softmax of the head's logits at d_k; nan past depths[a]
+    states: Tensor | None = None  # [A, K, H]  m^(k), only when asked for (keep_states=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The head
+
+
+class MtpHead(nn.Module):
+    """Holds the head's tensors and the borrowed embedding / lm_head; `row_pass` and `chain` run it."""
+
+    def __init__(self, geometry: HeadGeometry, tensors: dict[str, Tensor], embed_tokens: Tensor, lm_head: Tensor):
+        super().__init__()
+        g = geometry
+        self.geometry = g
+        shapes = expected_head_shapes(g)
+        for name, shape in shapes.items():
+            key = name[len("mtp."):]
+            assert tuple(tensors[key].shape) == shape, f"{name}: {tuple(tensors[key].shape)} != {shape}"
+        assert embed_tokens.shape == lm_head.shape == (g.vocab_size, g.hidden_size)
+
+        def p(key):
+            return nn.Parameter(tensors[key], requires_grad=False)
+
+        self.pre_fc_norm_embedding = p("pre_fc_norm_embedding.weight")
+        self.pre_fc_norm_hidden = p("pre_fc_norm_hidden.weight")
+        self.fc = p("fc.weight")  # [H, 2H]
+        self.norm = p("norm.weight")
+        L = "layers.0."
+        self.input_layernorm = p(L + "input_layernorm.weight")
+        self.post_attention_layernorm = p(L + "post_attention_layernorm.weight")
+        self.q_proj = p(L + "self_attn.q_proj.weight")  # [2 nh d, H]
+        self.k_proj = p(L + "self_attn.k_proj.weight")  # [nkv d, H]
+        self.v_proj = p(L + "self_attn.v_proj.weight")
+        self.o_proj = p(L + "self_attn.o_proj.weight")  # [H, nh d]
+        self.q_norm = p(L + "self_attn.q_norm.weight")  # [d]
+        self.k_norm = p(L + "self_attn.k_norm.weight")
+        self.gate_proj = p(L + "mlp.gate_proj.weight")
+        self.up_proj = p(L + "mlp.up_proj.weight")
+        self.down_proj = p(L + "mlp.down_proj.weight")
+        # Borrowed from the target, not copied: a draft step reads the whole lm_head.
+        self.embed_tokens = embed_tokens
+        self.lm_head = lm_head
+        self.register_buffer("inv_freq", rotary_inv_freq(g.rotary_dim, g.rope_theta, self.fc.device), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.device
+
+    # -- the pieces of one row -------------------------------------------------------------
+
+    def _norm(self, x: Tensor, w: Tensor) -> Tensor:
+        return zero_centred_rms_norm(x, w, self.geometry.rms_norm_eps)
+
+    def fc_input(self, hidden: Tensor, next_ids: Tensor) -> Tensor:
+        """hidden: [n, H] (target post-norm h_i, or the head's own m in a chain step), next_ids: [n] -> z: [n, H]."""
+        embedding = self._norm(F.embedding(next_ids, self.embed_tokens), self.pre_fc_norm_embedding)
+        hidden = self._norm(hidden.to(self.dtype), self.pre_fc_norm_hidden)
+        return F.linear(torch.cat([embedding, hidden], dim=-1), self.fc)  # embedding first
+
+    def attention_inputs(self, z: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """z: [n, H] residual stream, positions: [n] ->
+        query [nh, n, d], gate [n, nh d], key [nkv, n, d], value [nkv, n, d] (query/key normed and rotated)."""
+        g = self.geometry
+        n = z.shape[0]
+        x = self._norm(z, self.input_layernorm)
+        query_and_gate = F.linear(x, self.q_proj).view(n, g.num_heads, 2 * g.head_dim)
+        query, gate = query_and_gate.chunk(2, dim=-1)  # per head: [q_h | gate_h]
+        gate = gate.reshape(n, g.num_heads * g.head_dim)
+        query = self._norm(query, self.q_norm).transpose(0, 1)  # [nh, n, d]
+        key = self._norm(F.linear(x, self.k_proj).view(n, g.num_kv_heads, g.head_dim), self.k_norm).transpose(0, 1)
+        value = F.linear(x, self.v_proj).view(n, g.num_kv_heads, g.head_dim).transpose(0, 1)
+        cos, sin = rotary_cos_sin(positions, self.inv_freq, self.dtype)
+        return apply_partial_rotary(query, cos, sin), gate, apply_partial_rotary(key, cos, sin), value
+
+    def finish_row(self, z: Tensor, attn: Tensor, gate: Tensor) -> Tensor:
+        """z: [n, H] residual, attn: [nh, n, d], gate: [n, nh d] -> m: [n, H] (post-norm)."""
+        n = z.shape[0]
+        attn = attn.transpose(0, 1).reshape(n, -1)
+        z = z + F.linear(attn * torch.sigmoid(gate), self.o_proj)
+        x = self._norm(z, self.post_attention_layernorm)
+        z = z + F.linear(F.silu(F.linear(x, self.gate_proj)) * F.linear(x, self.up_proj), self.down_proj)
+        return self._norm(z, self.norm)
+
+    def _attend(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor) -> Tensor:
+        """query [nh, q, d], key/value [nkv, k, d], mask [q, k] bool -> [nh, q, d]."""
+        out = F.scaled_dot_product_attention(
+            query[None], key[None], value[None], attn_mask=mask[None, None], enable_gqa=True,
+            scale=self.geometry.head_dim ** -0.5,
+        )
+        return out[0]
+
+    def logits(self, states: Tensor) -> Tensor:
+        """states: [n, H] -> [n, V] fp32. Call on chunks: this is the vocabulary-sized tensor."""
+        return F.linear(states, self.lm_head).float()
+
+    # -- the two passes ----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def row_pass(self, hidden: Tensor, next_ids: Tensor, chunk_size: int = 2048) -> RowPass:
+        """Run every row i = (h_i, x_{i+1}) at position i, filling the head's KV cache chunk by chunk.
+
+        hidden: [n, H] target post-final-norm states h_0..h_{n-1}; next_ids: [n] tokens x_1..x_n.
+        """
+        g = self.geometry
+        n = hidden.shape[0]
+        assert next_ids.shape == (n,), (next_ids.shape, n)
+        device = self.device
+        keys = torch.empty(g.num_kv_heads, n, g.head_dim, dtype=self.dtype, device=device)
+        values = torch.empty_like(keys)
+        states = torch.empty(n, g.hidden_size, dtype=self.dtype, device=device)
+        all_positions = torch.arange(n, device=device)
+        for c0 in range(0, n, chunk_size):
+            c1 = min(n, c0 + chunk_size)
+            positions = all_positions[c0:c1]
+            z = self.fc_input(hidden[c0:c1].to(device), next_ids[c0:c1].to(device))
+            query, gate, key, value = self.attention_inputs(z, positions)
+            keys[:, c0:c1], values[:, c0:c1] = key, value
+            attn = self._attend(query, keys[:, :c1], values[:, :c1], causal_mask(positions, all_positions[:c1]))
+            states[c0:c1] = self.finish_row(z, attn, gate)
+        return RowPass(states=states, keys=keys, values=values)
+
+    @torch.no_grad()
+    def chain(
+        self,
+        rows: RowPass,
+        anchors: Tensor,
+        depths: Tensor,
+        attention_budget: int = ATTENTION_BUDGET,
+        logits_budget: int = LOGITS_BUDGET,
+        keep_states: bool = False,
+    ) -> Drafts:
+        """Draft d_1..d_{depths[a]} at every anchor, batched over anchors (no Python loop over them).
+
+        anchors: [A] positions p >= 1 with row p-1 in `rows`; depths: [A] in 1..K, non-increasing
+        along no particular order. Step s >= 2 runs only at anchors with depths >= s. Its query
+        attends to the true rows 0..p-1 (a prefix of the cache) and to its own earlier chain rows,
+        expressed as one block-structured boolean mask over [prefix keys | chain keys of the block].
+        """
+        g = self.geometry
+        device = self.device
+        anchors = anchors.to(device=device, dtype=torch.long)
+        depths = depths.to(device=device, dtype=torch.long)
+        A = anchors.shape[0]
+        K = int(depths.max()) if A else 0
+        assert A == 0 or int(anchors.min()) >= 1, "anchor p needs row p-1"
+        assert A == 0 or int(anchors.max()) <= rows.states.shape[0], "anchor p needs row p-1 in the row pass"
+        tokens = torch.full((A, max(K, 1)), -1, dtype=torch.long, device=device)
+        logprobs = torch.full((A, max(K, 1)), float("nan"), dtype=torch.float32, device=device)
+        kept = torch.zeros(A, max(K, 1), g.hidden_size, dtype=self.dtype, device=device) if keep_states else None
+        if A == 0:
+            return Drafts(anchors, depths, tokens, logprobs, kept)
+
+        # Step 1: the row pass already holds m_{p-1}.
+        state = rows.states[anchors - 1]  # [A, H]
+        if kept is not None:
+            kept[:, 0] = state
+        tokens[:, 0], logprobs[:, 0] = self._argmax_chunked(state, logits_budget)
+        chain_keys = torch.empty(g.num_kv_heads, A, max(K - 1, 1), g.head_dim, dtype=self.dtype, device=device)
+        chain_values = torch.empty_like(chain_keys)
+
+        # Steps 2..K over the anchors still drafting.
+        for step in range(2, K + 1):
+            alive = torch.nonzero(depths >= step).squeeze(1)  # [A_s] indices into anchors
+            a_pos = anchors[alive]
+            positions = a_pos + step - 2
+            z = self.fc_input(state[alive], tokens[alive, step - 2])
+            query, gate, key, value = self.attention_inputs(z, positions)  # query [nh, A_s, d]
+            chain_keys[:, alive, step - 2] = key
+            chain_values[:, alive, step - 2] = value
+            attn = torch.empty_like(query)
+            n_chain = step - 1
+            block = self._anchor_block(int(a_pos.max()), n_chain, attention_budget)
+            for b0 in range(0, alive.shape[0], block):
+                b1 = min(alive.shape[0], b0 + block)
+                idx = alive[b0:b1]
+                p = anchors[idx]  # [B]
+                prefix = int(p.max())  # true rows 0..max(p)-1
+                B = b1 - b0
+                # keys: [prefix rows | chain rows of these B anchors, n_chain each, anchor-major]
+                ck = chain_keys[:, idx, :n_chain].reshape(g.num_kv_heads, B * n_chain, g.head_dim)
+                cv = chain_values[:, idx, :n_chain].reshape(g.num_kv_heads, B * n_chain, g.head_dim)
+                k_all = torch.cat([rows.keys[:, :prefix], ck], dim=1)
+                v_all = torch.cat([rows.values[:, :prefix], cv], dim=1)
+                mask_prefix = torch.arange(prefix, device=device)[None, :] < p[:, None]  # row j < p
+                owner = torch.arange(B, device=device).repeat_interleave(n_chain)  # [B * n_chain]
+                mask_chain = owner[None, :] == torch.arange(B, device=device)[:, None]
+                mask = torch.cat([mask_prefix, mask_chain], dim=1)
+                attn[:, b0:b1] = self._attend(query[:, b0:b1], k_all, v_all, mask)
+            new_state = self.finish_row(z, attn, gate)
+            state = state.clone()
+            state[alive] = new_state
+            tokens[alive, step - 1], logprobs[alive, step - 1] = self._argmax_chunked(new_state, logits_budget)
+            if kept is not None:
+                kept[alive, step - 1] = new_state
+        return Drafts(anchors=anchors, depths=depths, tokens=tokens, logprobs=logprobs, states=kept)
+
+    def _anchor_block(self, max_prefix: int, n_chain: int, budget: int) -> int:
+        """Anchors per attention block so that [nh, block, prefix + block * n_chain] stays within budget."""
+        nh = self.geometry.num_heads
+        block = max(1, budget // (nh * max(1, max_prefix)))
+        while block > 1 and nh * block * (max_prefix + block * n_chain) > budget:
+            block //= 2
+        return block
+
+    def _argmax_chunked(self, states: Tensor, budget: int) -> tuple[Tensor, Tensor]:
+        """states: [n, H] -> (argmax token [n] int64, its log-softmax [n] fp32), vocab chunked by rows."""
+        n = states.shape[0]
+        rows = max(1, budget // self.geometry.vocab_size)
+        ids = torch.empty(n, dtype=torch.long, device=states.device)
+        lps = torch.empty(n, dtype=torch.float32, device=states.device)
+        for r0 in range(0, n, rows):
+            logits = self.logits(states[r0 : r0 + rows])
+            best, idx = logits.max(dim=-1)
+            ids[r0 : r0 + rows] = idx
+            lps[r0 : r0 + rows] = best - torch.logsumexp(logits, dim=-1)
+        return ids, lps
+
+
+def build_head(geometry: HeadGeometry, head_tensors: dict[str, Tensor], embed_tokens: Tensor, lm_head: Tensor) -> MtpHead:
+    """The head on the device and dtype of the borrowed embedding."""
+    dtype, device = embed_tokens.dtype, embed_tokens.device
+    tensors = {k: v.to(device=device, dtype=dtype) for k, v in head_tensors.items()}
+    return MtpHead(geometry, tensors, embed_tokens, lm_head).eval()
