@@ -325,6 +325,24 @@ class MtpHead(nn.Module):
                 kept[alive, step - 1] = new_state
         return Drafts(anchors=anchors, depths=depths, tokens=tokens, logprobs=logprobs, states=kept)
 
+    @torch.no_grad()
+    def decode_step(self, rows: RowPass, prefix: int, hidden: Tensor, tokens: Tensor, positions: Tensor):
+        """One serving-style draft step for B independent queries, each seeing rows 0..prefix-1 and itself.
+
+        hidden: [B, H] (h or m), tokens: [B], positions: [B] ->
+        (states [B, H], argmax ids [B], their log-softmax [B]). What `probe` times as one draft step.
+        """
+        B = hidden.shape[0]
+        z = self.fc_input(hidden, tokens.to(self.device))
+        query, gate, key, value = self.attention_inputs(z, positions.to(self.device))
+        k_all = torch.cat([rows.keys[:, :prefix], key], dim=1)
+        v_all = torch.cat([rows.values[:, :prefix], value], dim=1)
+        own = torch.eye(B, dtype=torch.bool, device=self.device)
+        mask = torch.cat([torch.ones(B, prefix, dtype=torch.bool, device=self.device), own], dim=1)
+        states = self.finish_row(z, self._attend(query, k_all, v_all, mask), gate)
+        ids, lps = self._argmax_chunked(states, LOGITS_BUDGET)
+        return states, ids, lps
+
     def _anchor_block(self, max_prefix: int, n_chain: int, budget: int) -> int:
         """Anchors per attention block so that [nh, block, prefix + block * n_chain] stays within budget."""
         nh = self.geometry.num_heads

@@ -220,3 +220,14 @@ def test_depths_shrink_per_anchor_without_changing_the_drafts_that_remain(tiny_m
         assert partial.tokens[a, :d].tolist() == full.tokens[a, :d].tolist()
         assert (partial.tokens[a, d:] == -1).all()
         assert torch.allclose(partial.logprobs[a, :d], full.logprobs[a, :d], atol=1e-5)
+
+
+def test_a_decode_step_equals_the_chains_second_step(tiny_model, request_tokens):
+    ids, hidden = request_tokens
+    head = tiny_model.head
+    rows = head.row_pass(hidden[:-1], ids[1:])
+    p = 120
+    chain = head.chain(rows, torch.tensor([p]), torch.tensor([2]), keep_states=True)
+    states, step_ids, _ = head.decode_step(rows, p, chain.states[:, 0], chain.tokens[:, 0], torch.tensor([p]))
+    assert int(step_ids[0]) == int(chain.tokens[0, 1])
+    assert (states - chain.states[:, 1]).abs().max() < 1e-5
