@@ -85,6 +85,107 @@ def inspect(
     out.print(r)
 
 
+SEGMENT_STYLES = {"reasoning": "magenta", "text": "green", "tool_call": "cyan", "end": "bold red"}
+
+
+def _model_dir(model: Optional[Path]) -> Path:
+    from .pipeline import default_model_dir
+
+    if model is not None:
+        return model
+    path = default_model_dir()
+    err.print(f"using the bundled default model ({path}); pass --model DIR for your own checkpoint", soft_wrap=True)
+    return path
+
+
+def _check_on_error(on_error: str) -> None:
+    from .errors import OptionError
+
+    if on_error not in ("fail", "skip"):
+        raise OptionError(f"--on-error {on_error}: expected fail or skip")
+
+
+@app.command()
+def sessions(
+    files: Annotated[list[Path], typer.Argument(help="Session JSONL files.")],
+    model: Annotated[Optional[Path], typer.Option("--model", help="Checkpoint directory whose tokenizer and chat template render the sessions (default: the bundled model).")] = None,
+    show: Annotated[Optional[str], typer.Option("--show", help="Render one session, scored spans coloured by segment.")] = None,
+    on_error: Annotated[str, typer.Option("--on-error", help="fail: stop at the first bad session; skip: warn, count it and go on.")] = "fail",
+) -> None:
+    """What a replay would score: sessions, turns, requests, prompt and scored tokens per segment."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from .checkpoint import read_checkpoint
+    from .rendering import SEGMENTS, Renderer, survey
+
+    _check_on_error(on_error)
+    model_dir = _model_dir(model)
+    renderer = Renderer.from_model_dir(model_dir, vocab_size=read_checkpoint(model_dir).geometry.vocab_size)
+    if show is not None:
+        _show_session(files, renderer, show, on_error)
+        return
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
+                  transient=True, disable=not err.is_terminal) as progress:
+        task = progress.add_task("reading sessions", total=None)
+        seen = [0]
+
+        def tick(_item):
+            seen[0] += 1
+            if seen[0] % 100 == 0:
+                progress.update(task, description=f"{seen[0]:,} sessions")
+
+        per_file, total, skipped = survey(files, renderer, on_error=on_error, on_session=tick)
+    t = Table(title="sessions as the replay will score them",
+              caption="turns: assistant turns · prompt: tokens replayed but not scored · then scored tokens per segment")
+    t.add_column("file", overflow="fold")
+    for c in ("sessions", "skipped", "turns", "requests", "prompt", *SEGMENTS, "scored"):
+        t.add_column(c, justify="right", no_wrap=True)
+    rows = list(per_file.items()) + ([("total", total)] if len(per_file) > 1 else [])
+    for name, c in rows:
+        t.add_row(Path(name).name if name != "total" else "total", f"{c.sessions:,}", f"{c.skipped:,}", f"{c.assistant_turns:,}", f"{c.requests:,}",
+                  f"{c.prompt_tokens:,}", *[f"{c.scored[s]:,}" for s in SEGMENTS], f"{c.scored_tokens:,}")
+    out.print(t)
+    for s in skipped[:20]:
+        err.print(f"skipped: {s.message}", markup=False, soft_wrap=True)
+    if len(skipped) > 20:
+        err.print(f"... and {len(skipped) - 20} more skipped", soft_wrap=True)
+
+
+def _show_session(files, renderer, session_id: str, on_error: str) -> None:
+    from rich.text import Text
+
+    from .errors import OptionError
+    from .rendering import SEGMENTS
+    from .sessions import Skipped, read_sessions
+
+    for item in read_sessions(files, on_error=on_error):
+        if isinstance(item, Skipped) or item.id != session_id:
+            continue
+        rendered = renderer.render(item)
+        for req in rendered.requests:
+            out.rule(f"session {item.id} · request {req.index} · {len(req.input_ids):,} tokens · {len(req.spans)} scored turns")
+            text = Text()
+            style_of = ["dim"] * len(req.input_ids)
+            for sp in req.spans:
+                for k in range(sp.start, sp.end + 1):
+                    style_of[k] = SEGMENT_STYLES[SEGMENTS[sp.segments[k - sp.start]]]
+            k = 0
+            while k < len(req.input_ids):  # decode runs of one style together (multi-byte characters stay whole)
+                j = k
+                while j < len(req.input_ids) and style_of[j] == style_of[k]:
+                    j += 1
+                text.append(renderer.tokenizer.decode(req.input_ids[k:j]), style=style_of[k])
+                k = j
+            out.print(text, soft_wrap=True)
+        legend = Text("legend: ")
+        for seg, style in SEGMENT_STYLES.items():
+            legend.append(f" {seg} ", style=style)
+        legend.append(" prompt (not scored)", style="dim")
+        out.print(legend)
+        return
+    raise OptionError(f"--show {session_id}: no session with that id in {', '.join(map(str, files))}")
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2."""
     debug = os.environ.get("MTP_OBSERVE_DEBUG") == "1"

@@ -18,6 +18,14 @@ from .mtp import MtpHead, build_head
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
+def default_model_dir() -> Path:
+    """The small trained Qwen3.5-architecture checkpoint shipped inside the package."""
+    path = Path(__file__).parent / "default_model"
+    if not (path / "config.json").exists():
+        raise OptionError(f"no --model given and the bundled default model is missing at {path}; pass --model DIR")
+    return path
+
+
 def resolve_device(device: str) -> str:
     """auto -> cuda when available, else cpu; cuda[:i] must exist."""
     if device == "auto":

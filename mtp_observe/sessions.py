@@ -1,0 +1,320 @@
+"""Sessions: recorded conversations read from JSONL, streamed and validated.
+
+Contract: `read_sessions(paths, on_error)` yields one `Session` (or, under
+on_error="skip", one `Skipped`) at a time; memory holds one session, never a whole file.
+A session is validated and normalised here — roles, text-only content, reasoning under
+`reasoning_content`, tool-call arguments parsed to objects, every tool result paired with
+the nearest preceding call — so rendering can trust it. Nothing here knows about tokenizers.
+
+Canonical input (SESSIONS.md), each line one of:
+  1. a session       {"id"?, "messages": [...], "tools"?: [...], "meta"?: {...}}   id defaults to "<stem>:<line>"
+  2. a message       {"role": ...}   the whole file is then one session, id = file stem
+  3. token-level     {"id"?, "prompt_token_ids": [...], "completion_token_ids": [...]}
+                     or {"id"?, "requests": [{"prompt_token_ids", "completion_token_ids"}, ...]}
+
+Every error is one line naming the file, the line, the session id and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from .errors import InputError
+
+ROLES = ("system", "user", "assistant", "tool")
+REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+ON_ERROR = ("fail", "skip")
+
+
+@dataclass(frozen=True)
+class TokenRequest:
+    """One logged request: what a server saw and generated (token-level input)."""
+
+    prompt_token_ids: tuple[int, ...]
+    completion_token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Session:
+    id: str
+    path: str  # the file it came from
+    line: int  # 1-based line of the record (the first line for a message-per-line file)
+    index: int  # position in the input stream (0-based, counting skipped ones too)
+    messages: tuple[dict, ...] = ()  # normalised OpenAI chat messages (empty for token-level)
+    tools: tuple[dict, ...] | None = None
+    meta: dict = field(default_factory=dict)
+    token_requests: tuple[TokenRequest, ...] = ()  # token-level input (empty for chat sessions)
+
+    @property
+    def is_token_level(self) -> bool:
+        return bool(self.token_requests)
+
+    @property
+    def assistant_turns(self) -> list[int]:
+        return [i for i, m in enumerate(self.messages) if m["role"] == "assistant"]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A session that failed validation under on_error="skip"; the manifest records it."""
+
+    path: str
+    line: int
+    session_id: str | None
+    message: str  # the one-line error
+    index: int
+
+
+class MessageError(ValueError):
+    """A validation failure inside one message; `index` says which."""
+
+    def __init__(self, index: int, what: str):
+        self.index = index
+        super().__init__(what)
+
+
+class SessionError(InputError):
+    def __init__(self, path: str, line: int, session_id: str | None, what: str):
+        self.path, self.line, self.session_id, self.what = path, line, session_id, what
+        sid = f" session {session_id}:" if session_id else ""
+        super().__init__(f"{path}:{line}:{sid} {what}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalisation of one session (pure)
+
+
+def _text(content, where: str) -> str:
+    """content: str | None | [{"type": "text", "text": ...}, ...] -> str."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ValueError(f"{where} has a non-text content part (type {kind!r}); mtp-observe scores text only — drop or replace that part")
+        return "".join(parts)
+    raise ValueError(f"{where} content must be a string, null or a list of text parts, not {type(content).__name__}")
+
+
+def _tool_calls(calls, where: str) -> list[dict]:
+    if not isinstance(calls, list):
+        raise ValueError(f"{where} tool_calls must be a list")
+    out = []
+    for j, call in enumerate(calls):
+        w = f"{where} tool call {j}"
+        if not isinstance(call, dict):
+            raise ValueError(f"{w} must be an object with a function")
+        fn = call.get("function", call)
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{w} has no function name; give it function.name")
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError as e:
+                raise ValueError(f"{w} ({name}) arguments are not valid JSON ({e.msg} at char {e.pos}); fix the arguments string")
+        out.append({"id": call.get("id"), "type": "function", "function": {"name": name, "arguments": args}})
+    return out
+
+
+def normalise_messages(raw_messages) -> list[dict]:
+    """Validate and normalise a message list; raises ValueError with the fix (no location)."""
+    if not isinstance(raw_messages, list):
+        raise ValueError("messages must be a list")
+    if not raw_messages:
+        raise ValueError("empty session (no messages); drop it or add its messages")
+    messages: list[dict] = []
+    calls_seen: list[dict] = []  # every tool call so far, in order (ids repeat in real logs)
+    for i, m in enumerate(raw_messages):
+        try:
+            messages.append(_normalise_message(i, m, calls_seen))
+        except MessageError:
+            raise
+        except ValueError as e:
+            raise MessageError(i, str(e)) from None
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ValueError("no assistant turn to score; a session needs at least one assistant message")
+    return messages
+
+
+def _normalise_message(i: int, m, calls_seen: list[dict]) -> dict:
+    where = f"message {i}"
+    if not isinstance(m, dict):
+        raise ValueError(f"{where} must be an object with a role")
+    role = m.get("role")
+    if role not in ROLES:
+        raise ValueError(f"{where} has unknown role {role!r}; use one of {', '.join(ROLES)}")
+    msg: dict = {"role": role, "content": _text(m.get("content"), where)}
+    if role == "assistant":
+        for key in REASONING_KEYS:
+            if m.get(key) is not None:
+                msg["reasoning_content"] = _text(m[key], f"{where} {key}")
+                break
+        if m.get("tool_calls"):
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], where)
+            calls_seen.extend(msg["tool_calls"])
+    elif role == "tool":
+        call_id = m.get("tool_call_id")
+        matches = [c for c in calls_seen if call_id is None or c["id"] == call_id]
+        if not matches:
+            which = f" for tool_call_id {call_id!r}" if call_id is not None else ""
+            raise ValueError(f"{where} is a tool result with no preceding call{which}; add the assistant tool call or drop the result")
+        call = matches[-1]  # the nearest preceding call
+        msg["tool_call_id"] = call_id if call_id is not None else call["id"]
+        msg["name"] = m.get("name") or call["function"]["name"]
+    return msg
+
+
+def _token_ids(value, what: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+        raise ValueError(f"{what} must be a list of non-negative integers")
+    return tuple(value)
+
+
+def _token_requests(record: dict) -> tuple[TokenRequest, ...]:
+    items = record["requests"] if "requests" in record else [record]
+    if not isinstance(items, list) or not items:
+        raise ValueError("requests must be a non-empty list of {prompt_token_ids, completion_token_ids}")
+    out = []
+    for j, item in enumerate(items):
+        w = f"request {j}" if "requests" in record else "record"
+        if not isinstance(item, dict):
+            raise ValueError(f"{w} must be an object")
+        prompt = _token_ids(item.get("prompt_token_ids", []), f"{w} prompt_token_ids")
+        completion = _token_ids(item.get("completion_token_ids"), f"{w} completion_token_ids")
+        if not completion:
+            raise ValueError(f"{w} has no completion tokens to score")
+        out.append(TokenRequest(prompt, completion))
+    return tuple(out)
+
+
+def parse_record(record, *, path: str, line: int, index: int, stem: str) -> Session:
+    """One session-per-line or token-level record -> Session. Raises SessionError."""
+    sid = None
+    try:
+        if not isinstance(record, dict):
+            raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+        sid = record.get("id")
+        sid = str(sid) if sid is not None else f"{stem}:{line}"
+        if "messages" in record:
+            tools = record.get("tools")
+            if tools is not None and not isinstance(tools, list):
+                raise ValueError("tools must be a list of tool schemas")
+            meta = record.get("meta") or {}
+            if not isinstance(meta, dict):
+                raise ValueError("meta must be an object")
+            return Session(sid, path, line, index, tuple(normalise_messages(record["messages"])),
+                           tuple(tools) if tools else None, meta)
+        if "prompt_token_ids" in record or "completion_token_ids" in record or "requests" in record:
+            return Session(sid, path, line, index, meta=record.get("meta") or {}, token_requests=_token_requests(record))
+        if "role" in record:
+            raise ValueError("a message line among session records; put each session on one line, or one session per file")
+        raise ValueError("unknown record; expected an object with messages, prompt_token_ids or requests")
+    except ValueError as e:
+        raise SessionError(path, line, sid, str(e)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming
+
+
+def _json_lines(path: Path) -> Iterator[tuple[int, object]]:
+    """(line number, parsed JSON) for every non-blank line, streamed. Invalid JSON is a SessionError."""
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"{path}: cannot open ({e.strerror}); check the path")
+    with f:
+        n = 0
+        while True:
+            try:
+                raw = f.readline()
+            except UnicodeDecodeError as e:
+                raise SessionError(str(path), n + 1, None, f"not UTF-8 text ({e.reason}); re-encode the file as UTF-8")
+            if not raw:
+                break
+            n += 1
+            if not raw.strip():
+                continue
+            try:
+                yield n, json.loads(raw)
+            except ValueError as e:
+                msg = getattr(e, "msg", str(e))
+                yield n, SessionError(str(path), n, None, f"invalid JSON ({msg}); fix or remove this line")
+
+
+def read_sessions(paths: Iterable[str | Path], on_error: str = "fail") -> Iterator[Session | Skipped]:
+    """Stream sessions from JSONL files in order. on_error: "fail" raises; "skip" yields Skipped and goes on."""
+    assert on_error in ON_ERROR, on_error
+    index = 0
+    for p in paths:
+        path = Path(p)
+        if not path.is_file():
+            raise InputError(f"{path}: no such file; pass JSONL session files (e.g. sessions/*.jsonl)")
+        lines = _json_lines(path)
+        first = next(lines, None)
+        if first is None:
+            continue
+        message_file = isinstance(first[1], dict) and "role" in first[1] and "messages" not in first[1]
+        stream = _message_file(path, first, lines, index) if message_file else _record_file(path, first, lines, index)
+        for item in stream:
+            if isinstance(item, SessionError):
+                if on_error == "fail":
+                    raise item
+                item = Skipped(item.path, item.line, item.session_id, str(item), index)
+            index += 1
+            yield item
+
+
+def _record_file(path: Path, first, lines, start_index: int):
+    index = start_index
+    for n, record in _chain(first, lines):
+        if isinstance(record, SessionError):
+            yield record
+        else:
+            try:
+                yield parse_record(record, path=str(path), line=n, index=index, stem=path.stem)
+            except SessionError as e:
+                yield e
+        index += 1
+
+
+def _message_file(path: Path, first, lines, index: int):
+    """A file of message lines is one session (id = file stem); any bad line invalidates it."""
+    raw: list = []
+    line_of: list[int] = []
+    for n, record in _chain(first, lines):
+        if isinstance(record, SessionError):
+            yield SessionError(record.path, record.line, path.stem, record.what)
+            return
+        if not isinstance(record, dict) or "role" not in record:
+            yield SessionError(str(path), n, path.stem, "a non-message line in a message-per-line file; one message per line, each with a role")
+            return
+        raw.append(record)
+        line_of.append(n)
+    try:
+        messages = normalise_messages(raw)
+    except MessageError as e:
+        yield SessionError(str(path), line_of[e.index], path.stem, str(e))
+        return
+    except ValueError as e:
+        yield SessionError(str(path), first[0], path.stem, str(e))
+        return
+    yield Session(path.stem, str(path), first[0], index, tuple(messages))
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
