@@ -186,6 +186,96 @@ def _show_session(files, renderer, session_id: str, on_error: str) -> None:
     raise OptionError(f"--show {session_id}: no session with that id in {', '.join(map(str, files))}")
 
 
+def _parse_sampling(specs: list[str]):
+    from .errors import OptionError
+    from .target import BUILTIN_PROFILES, SamplingProfile
+
+    profiles = {p.name: p for p in BUILTIN_PROFILES}
+    for spec in specs:
+        name, _, values = spec.partition("=")
+        parts = values.split(",")
+        try:
+            if not name or len(parts) != 3:
+                raise ValueError
+            t, top_p, top_k = float(parts[0]), float(parts[1]), int(parts[2])
+            if t < 0 or not 0 < top_p <= 1:
+                raise ValueError
+        except ValueError:
+            raise OptionError(f"--sampling {spec}: expected NAME=TEMPERATURE,TOP_P,TOP_K, e.g. creative=1.0,0.95,50 (top_k 0 = off)")
+        profiles[name] = SamplingProfile(name, t, top_p, top_k)  # a built-in name is replaced
+    return tuple(profiles.values())
+
+
+class _ProgressObserver:
+    """Draws sessions, tokens, tokens/s and ETA on stderr while a replay runs."""
+
+    def __init__(self, progress):
+        self.progress = progress
+        self.task = None
+        self.tokens = 0
+        self.started = None
+
+    def start(self, sessions: int) -> None:
+        import time
+
+        self.started = time.time()
+        self.task = self.progress.add_task("replaying", total=sessions, tokens="0 tokens", rate="")
+
+    def session(self, session_id: str, tokens: int, skipped: bool) -> None:
+        import time
+
+        self.tokens += tokens
+        elapsed = max(time.time() - self.started, 1e-9)
+        self.progress.update(self.task, advance=1, description=f"{'skipped' if skipped else 'replayed'} {session_id[:28]}",
+                             tokens=f"{self.tokens:,} tokens", rate=f"{self.tokens / elapsed:,.0f} tok/s")
+
+    def warn(self, message: str) -> None:
+        self.progress.console.print(f"skipped: {message}", markup=False, soft_wrap=True)
+
+
+@app.command()
+def replay(
+    files: Annotated[list[Path], typer.Argument(help="Session JSONL files.")],
+    model: Annotated[Optional[Path], typer.Option("--model", help="Local checkpoint directory (default: the bundled model).")] = None,
+    k: Annotated[int, typer.Option("--k", help="Draft depth Kmax; one replay answers every K <= Kmax.")] = 4,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run directory (default: reports/run-<time>).")] = None,
+    chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill chunk (tokens) for the target and the head's row pass.")] = 2048,
+    sampling: Annotated[Optional[list[str]], typer.Option("--sampling", help="Extra sampling profile NAME=T,TOP_P,TOP_K (repeatable; thinking and instruct are built in).")] = None,
+    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16")] = "auto",
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an unfinished run in --out without recomputing finished sessions.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the run in --out.")] = False,
+    on_error: Annotated[str, typer.Option("--on-error", help="fail | skip: a bad session stops the run, or is recorded in run.json and skipped.")] = "fail",
+    max_sessions: Annotated[Optional[int], typer.Option("--max-sessions", help="Replay at most N sessions (counted in input order).")] = None,
+) -> None:
+    """Replay sessions through the target with the MTP head alongside; write the run directory."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from .pipeline import ReplayOptions, default_run_dir, replay as run_replay
+
+    _check_on_error(on_error)
+    bundled = model is None
+    model_dir = _model_dir(model)
+    out_path = out_dir or default_run_dir()
+    opts = ReplayOptions(k=k, chunk_size=chunk_size, device=device, dtype=dtype, profiles=_parse_sampling(sampling or []),
+                         on_error=on_error, max_sessions=max_sessions, resume=resume, overwrite=overwrite)
+    with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TextColumn("sessions"),
+                  TextColumn("{task.fields[tokens]}"), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+                  console=err, transient=False) as progress:
+        run_dir = run_replay(files, model_dir, out_path, opts, bundled=bundled, observer=_ProgressObserver(progress))
+    _print_replay_summary(run_dir)
+
+
+def _print_replay_summary(run_dir: Path) -> None:
+    from .tables import read_manifest
+
+    m = read_manifest(run_dir)
+    c = m["counts"]
+    out.print(f"[bold]run[/] {run_dir}  ·  {c['sessions_ok']} sessions ({c['sessions_skipped']} skipped) · "
+              f"{c['requests']} requests · {c['tokens_replayed']:,} tokens replayed · {c['scored_tokens']:,} scored · "
+              f"{c['anchors']:,} anchors · {m['timing']['tokens_per_s']} tok/s")
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2."""
     debug = os.environ.get("MTP_OBSERVE_DEBUG") == "1"

@@ -102,3 +102,136 @@ def write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
     os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building one session's parts
+
+
+def requests_table(session_id: str, requests) -> pa.Table:
+    """requests: objects with index, input_ids, spans (start, end, turn)."""
+    return pa.table(
+        {
+            "session_id": [session_id] * len(requests),
+            "request": [r.index for r in requests],
+            "input_ids": [list(r.input_ids) for r in requests],
+            "n_tokens": [len(r.input_ids) for r in requests],
+            "spans": [[{"start": s.start, "end": s.end, "turn": s.turn} for s in r.spans] for r in requests],
+        },
+        schema=REQUESTS_SCHEMA,
+    )
+
+
+def positions_table(session_id: str, per_request: list[tuple[int, dict]], profiles: list[str]) -> pa.Table:
+    """per_request: [(request index, columns from acceptance.request_rows)] -> one table, schema-exact."""
+    import numpy as np
+
+    schema = positions_schema(profiles)
+    if not per_request:
+        return schema.empty_table()
+    cols = {name: np.concatenate([c[name] for _, c in per_request]) for name in per_request[0][1]}
+    n = len(cols["pos"])
+    request = np.concatenate([np.full(len(c["pos"]), r, dtype=np.int32) for r, c in per_request])
+    segment = pa.DictionaryArray.from_arrays(pa.array(cols["segment"], pa.int8()), pa.array(SEGMENTS, pa.string()))
+    arrays = {
+        "session_id": pa.array([session_id] * n, pa.string()),
+        "request": pa.array(request, pa.int32()),
+        "segment": segment,
+    }
+    for field in schema:
+        if field.name not in arrays:
+            arrays[field.name] = pa.array(cols[field.name], field.type)
+    return pa.table([arrays[f.name] for f in schema], schema=schema)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run directory on disk
+
+MANIFEST = "run.json"
+REQUESTS = "requests.parquet"
+POSITIONS = "positions.parquet"
+_RUN_ENTRIES = {MANIFEST, REQUESTS, POSITIONS}
+
+
+def read_manifest(run_dir: Path) -> dict:
+    from .errors import RunDirectoryError
+
+    path = Path(run_dir) / MANIFEST
+    if not path.exists():
+        raise RunDirectoryError(f"{run_dir}: no run.json; this is not an mtp-observe run directory")
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as e:
+        raise RunDirectoryError(f"{path}: unreadable manifest ({e}); the run directory is damaged")
+    version = manifest.get("schema_version")
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise RunDirectoryError(
+            f"{path}: schema_version {version!r} is newer than this mtp-observe understands ({SCHEMA_VERSION}); upgrade mtp-observe"
+        )
+    return manifest
+
+
+def prepare_run_directory(run_dir: Path, resume: bool, overwrite: bool) -> dict | None:
+    """Check what is at run_dir before a replay. Returns the manifest to resume, or None for a fresh run.
+
+    An existing directory needs --resume (continue an unfinished run) or --overwrite (start again);
+    --overwrite only ever deletes what a run writes, never a directory holding anything else.
+    """
+    import shutil
+
+    from .errors import RunDirectoryError
+
+    run_dir = Path(run_dir)
+    if resume and overwrite:
+        raise RunDirectoryError("--resume and --overwrite contradict each other; pass one")
+    exists = run_dir.exists() and any(run_dir.iterdir()) if run_dir.is_dir() else run_dir.exists()
+    if not exists:
+        if resume:
+            raise RunDirectoryError(f"{run_dir}: nothing to resume (no run there); drop --resume")
+        return None
+    if run_dir.is_file():
+        raise RunDirectoryError(f"{run_dir}: is a file; pick another --out")
+    foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in _RUN_ENTRIES and not p.name.startswith("."))
+    if resume:
+        manifest = read_manifest(run_dir)
+        if manifest.get("status") == "complete":
+            raise RunDirectoryError(f"{run_dir}: this run is already complete; use --overwrite to redo it or another --out")
+        return manifest
+    if overwrite:
+        if foreign:
+            raise RunDirectoryError(f"{run_dir}: holds {foreign[0]!r}, which a run does not write; refusing to overwrite it — pick another --out")
+        for p in run_dir.iterdir():
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        return None
+    raise RunDirectoryError(f"{run_dir}: already exists; pass --resume to continue it, --overwrite to replace it, or another --out")
+
+
+def done_parts(run_dir: Path) -> set[str]:
+    """Part names present in both tables (a session is done only when both of its parts are)."""
+    names = []
+    for table in (REQUESTS, POSITIONS):
+        d = Path(run_dir) / table
+        names.append({p.name for p in d.glob("part-*.parquet")} if d.is_dir() else set())
+    return names[0] & names[1]
+
+
+def remove_temporaries(run_dir: Path) -> None:
+    """Half-written parts of a killed run (dot-prefixed temporary names)."""
+    for table in (REQUESTS, POSITIONS):
+        d = Path(run_dir) / table
+        if d.is_dir():
+            for p in d.glob(".part-*.tmp-*"):
+                p.unlink()
+
+
+def part_counts(run_dir: Path, name: str) -> dict:
+    """Counts of one finished session, read back from its parts (for a resumed run's manifest)."""
+    req = pq.read_table(Path(run_dir) / REQUESTS / name, columns=["n_tokens", "spans"]).to_pylist()
+    pos = pq.read_table(Path(run_dir) / POSITIONS / name, columns=["depth"]).column("depth").to_pylist()
+    return {
+        "requests": len(req),
+        "tokens_replayed": sum(r["n_tokens"] for r in req),
+        "scored_tokens": sum(s["end"] - s["start"] + 1 for r in req for s in r["spans"]),
+        "anchors": sum(1 for d in pos if d == 1),
+        "rows": len(pos),
+    }

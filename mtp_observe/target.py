@@ -9,8 +9,10 @@ kept here; logits are reduced chunk by chunk where rows need them.
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -41,3 +43,112 @@ def prefill_hidden(model, input_ids: Tensor, chunk_size: int = 2048) -> Tensor:
         out = text_model(input_ids=chunk, use_cache=True, **{kw: cache})
         hidden[c0:c1] = out.last_hidden_state[0]
     return hidden
+
+
+# ---------------------------------------------------------------------------------------------
+# Reductions of the target's logits where rows need them
+
+
+@dataclass(frozen=True)
+class SamplingProfile:
+    """A serving sampler: temperature, then top-k, then top-p (vLLM's order and tie rules)."""
+
+    name: str
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0  # <= 0: no top-k
+
+    def as_dict(self) -> dict:
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+
+
+BUILTIN_PROFILES = (
+    SamplingProfile("thinking", temperature=0.6, top_p=0.95, top_k=20),  # Qwen3.5's recommended thinking-mode sampler
+    SamplingProfile("instruct", temperature=0.7, top_p=0.8, top_k=20),  # and its non-thinking one
+)
+
+
+@dataclass(frozen=True)
+class Reductions:
+    """What rows need from the target's logits at position p+k-1, one entry per (anchor, depth) row."""
+
+    target_token: Tensor  # [R] int64  argmax: what greedy serving emits at p+k
+    target_logprob: Tensor  # [R] fp32  log-softmax (T=1) at the draft d_k
+    actual_logprob: Tensor  # [R] fp32  log-softmax (T=1) at the recorded x_{p+k}
+    p_accept: dict  # profile name -> [R] fp32  probability the profile's sampler emits d_k
+
+
+def sampler_probability(logits: Tensor, profile: SamplingProfile, rows: Tensor, tokens: Tensor) -> Tensor:
+    """Probability that `profile`'s sampler emits tokens[r] from logits[rows[r]].
+
+    logits: [c, V] fp32; rows: [R] indices into c; tokens: [R]. As vLLM samples: divide by the
+    temperature; keep the top_k largest (exactly k; exact ties at the k-th value are broken by
+    index); then top-p on the kept distribution — sorted ascending, drop while the cumulative
+    probability is <= 1 - top_p, always keep the largest; renormalise.
+    Worked example: probabilities (0.5, 0.3, 0.15, 0.05), top_p 0.8: ascending cumsum
+    (0.05, 0.2, 0.5, 1.0) <= 0.2 drops the two smallest; the rest renormalise to (0.625, 0.375).
+    """
+    if profile.temperature == 0:
+        return (logits.argmax(-1)[rows] == tokens).float()
+    scaled = logits / profile.temperature
+    V = logits.shape[-1]
+    if 0 < profile.top_k < V:
+        values, index = scaled.topk(profile.top_k, dim=-1)  # [c, k], descending
+    else:
+        values, index = scaled.sort(dim=-1, descending=True)
+    if profile.top_p < 1.0:
+        ascending = torch.softmax(values, dim=-1).flip(-1)
+        drop = ascending.cumsum(-1) <= 1 - profile.top_p
+        drop[..., -1] = False
+        values = values.masked_fill(drop.flip(-1), float("-inf"))
+    probs = torch.softmax(values, dim=-1)
+    if index.shape[-1] < V:
+        hit = index[rows] == tokens[:, None]  # [R, k]
+        return (probs[rows] * hit).sum(-1)
+    return torch.zeros_like(probs).scatter_(-1, index, probs)[rows, tokens]
+
+
+@torch.no_grad()
+def reduce_logits(
+    lm_head: Tensor,
+    hidden: Tensor,
+    positions: Tensor,
+    drafts: Tensor,
+    actuals: Tensor,
+    profiles: tuple[SamplingProfile, ...],
+    budget: int = 1 << 26,
+) -> Reductions:
+    """Apply the lm_head at the rows' positions only, in chunks, keeping reductions and nothing vocabulary-sized.
+
+    lm_head: [V, H]; hidden: [n, H] post-norm; positions, drafts, actuals: [R] (position p+k-1,
+    draft d_k, recorded x_{p+k}). Each distinct position's logits are computed once.
+    """
+    device = hidden.device
+    R = positions.shape[0]
+    V = lm_head.shape[0]
+    positions, drafts, actuals = positions.to(device), drafts.to(device), actuals.to(device)
+    out_token = torch.empty(R, dtype=torch.long, device=device)
+    out_target = torch.empty(R, dtype=torch.float32, device=device)
+    out_actual = torch.empty(R, dtype=torch.float32, device=device)
+    out_p = {p.name: torch.empty(R, dtype=torch.float32, device=device) for p in profiles}
+    if R == 0:
+        return Reductions(out_token, out_target, out_actual, out_p)
+    unique, inverse = torch.unique(positions, return_inverse=True)  # unique ascending
+    order = torch.argsort(inverse, stable=True)
+    sorted_inverse = inverse[order]
+    full_sort = any(not (0 < p.top_k < V) and p.temperature != 0 for p in profiles)
+    chunk = max(1, budget // (V * (3 if full_sort else 1)))
+    for c0 in range(0, unique.shape[0], chunk):
+        c1 = min(unique.shape[0], c0 + chunk)
+        lo, hi = torch.searchsorted(sorted_inverse, torch.tensor([c0, c1], device=device)).tolist()
+        sel = order[lo:hi]  # rows whose position is in this chunk
+        local = inverse[sel] - c0
+        logits = F.linear(hidden[unique[c0:c1]], lm_head).float()  # [c, V]: the only vocabulary-sized tensor
+        lse = torch.logsumexp(logits, dim=-1)
+        out_token[sel] = logits.argmax(-1)[local]
+        out_target[sel] = logits[local, drafts[sel]] - lse[local]
+        out_actual[sel] = logits[local, actuals[sel]] - lse[local]
+        for p in profiles:
+            out_p[p.name][sel] = sampler_probability(logits, p, local, drafts[sel])
+        del logits
+    return Reductions(out_token, out_target, out_actual, out_p)
