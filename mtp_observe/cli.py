@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .errors import UserError
+from .errors import OptionError, UserError
 
 app = typer.Typer(
     name="mtp-observe",
@@ -85,11 +85,102 @@ def inspect(
     out.print(r)
 
 
+REPORT_FORMATS = ("table", "markdown", "json")
+
+
+@app.command()
+def report(
+    run: Annotated[Optional[Path], typer.Argument(help="Run directory (default: the newest under reports/).")] = None,
+    gate: Annotated[Optional[str], typer.Option(help="Go/no-go gate, METRIC>=X with METRIC speedup, tau, tau_sim or alpha1; "
+                                                     "judged on the 95% lower bound at the best K.")] = None,
+    min_on_policy: Annotated[float, typer.Option(help="Below this on-policy rate the verdict is UNRELIABLE.")] = 0.9,
+    fmt: Annotated[str, typer.Option("--format", help="table, markdown or json.")] = "table",
+    plot: Annotated[Optional[Path], typer.Option(help="Write acceptance by depth and speedup vs K to this PNG.")] = None,
+    baseline: Annotated[Optional[Path], typer.Option(help="Another run: show the tables as differences from it.")] = None,
+    probe: Annotated[Optional[Path], typer.Option(help="probe.json from `mtp-observe probe`: measured c and v(K).")] = None,
+    draft_cost: Annotated[Optional[float], typer.Option(help="c = draft step / target decode step (default: roofline).")] = None,
+    heatmap: Annotated[Optional[str], typer.Option(help="Show this session's text coloured by accepted length.")] = None,
+    html: Annotated[Optional[Path], typer.Option(help="Write the --heatmap session as a standalone HTML page.")] = None,
+    replicates: Annotated[int, typer.Option(help="Bootstrap resamples of sessions.")] = 1000,
+    seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+) -> None:
+    """Acceptance, projected speedup and a go/no-go verdict for a run directory (imports no torch)."""
+    from .report import parse_gate, read_and_summarize, report_json
+    from .render import markdown, plot as draw, print_rich
+
+    if fmt not in REPORT_FORMATS:
+        raise OptionError(f"--format {fmt}: expected one of {', '.join(REPORT_FORMATS)}")
+    if html is not None and heatmap is None:
+        raise OptionError("--html FILE draws the --heatmap session: add --heatmap SESSION_ID")
+    if heatmap is not None and html is None and fmt != "table":
+        raise OptionError(f"--heatmap prints to the terminal, which --format {fmt} keeps for the report: add --html FILE")
+    reading = read_and_summarize(run, baseline=baseline, probe=probe, draft_cost=draft_cost,
+                                 gate=parse_gate(gate) if gate is not None else None, min_on_policy=min_on_policy,
+                                 replicates=replicates, seed=seed)
+    result, comparison = reading.report, reading.comparison
+    if fmt == "json":
+        print(json.dumps(report_json(result, comparison), indent=2))
+    elif fmt == "markdown":
+        print(markdown(result, comparison), end="")
+    else:
+        # Piped without COLUMNS, rich would assume 80 columns and fold the intervals; a log is wider.
+        wide = out if out.is_terminal or "COLUMNS" in os.environ else Console(highlight=False, width=160)
+        print_rich(result, comparison, wide)
+    sys.stdout.flush()
+    if plot is not None:
+        err.print(f"wrote {draw(result, plot, comparison)}", markup=False, soft_wrap=True)
+    if heatmap is not None:
+        from .heatmap import html_page, print_terminal, session_view
+
+        view = session_view(reading.run, heatmap)
+        if html is not None:
+            html.write_text(html_page(view), encoding="utf-8")
+            err.print(f"wrote {html}", markup=False, soft_wrap=True)
+        else:
+            print_terminal(view, out)
+    raise typer.Exit(code=result.verdict.exit_code)
+
+
+@app.command()
+def probe(
+    model: Annotated[Path, typer.Argument(help="Local checkpoint directory.")],
+    context: Annotated[int, typer.Option(help="Tokens in the caches before each timed step.")] = 4096,
+    k: Annotated[int, typer.Option("--k", help="Time the verify of K+1 tokens for K = 1..k.")] = 4,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto (bfloat16 on CUDA, float32 on CPU), float32 or bfloat16.")] = "auto",
+    repeats: Annotated[int, typer.Option(help="Timed repeats; the median is reported.")] = 20,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write probe.json.")] = Path("probe.json"),
+) -> None:
+    """Measured cost of one draft step, one target decode step and one verify of K+1 tokens (batch 1)."""
+    from .probe import CPU_NOTE, probe as measure, probe_json
+    from .tables import write_json_atomic
+
+    result = measure(model, context=context, k=k, device=device, dtype=dtype, repeats=repeats)
+    data = probe_json(result)
+    write_json_atomic(output, data)
+    ms = 1e3
+    t = Table(title=f"{model}: batch 1, context {context}, {result.device} ({result.device_name}) {result.dtype}, "
+                    f"median of {repeats}")
+    for c in ("step", "measured", "per decode step", "roofline"):
+        t.add_column(c, justify="left" if c == "step" else "right")
+    roof = result.roofline
+    t.add_row("target decode (1 token)", f"{result.target_decode.median_s * ms:.3f} ms", "1", human_bytes(roof["target_bytes"]))
+    t.add_row("draft step (c)", f"{result.draft_step.median_s * ms:.3f} ms", f"{result.draft_cost:.4f}",
+              f"{roof['draft_cost']:.4f} ({human_bytes(roof['head_bytes'] + roof['lm_head_bytes'])})")
+    for K, (timing, extra) in enumerate(zip(result.verify, result.verify_extra()), start=1):
+        t.add_row(f"verify K={K} ({K + 1} tokens)", f"{timing.median_s * ms:.3f} ms", f"{1 + extra:.4f}  (v = {extra:+.4f})", "")
+    out.print(t)
+    for note in result.notes:
+        out.print(f"note: {note}", markup=False, soft_wrap=True, style="yellow" if note == CPU_NOTE else None)
+    out.print(f"wrote {output}; use it with: mtp-observe report --probe {output}", markup=False, soft_wrap=True)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2."""
     debug = os.environ.get("MTP_OBSERVE_DEBUG") == "1"
     try:
-        app(args=argv, standalone_mode=False, prog_name="mtp-observe")
+        # Without standalone mode click returns a command's typer.Exit code instead of exiting.
+        code = app(args=argv, standalone_mode=False, prog_name="mtp-observe")
     except UserError as e:
         if debug:
             raise
@@ -112,4 +203,4 @@ def main(argv: Optional[list[str]] = None) -> None:
             err.print(f"error: {e.format_message()}{hint}", markup=False, soft_wrap=True)
             sys.exit(2)
         raise
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
