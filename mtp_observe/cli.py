@@ -88,6 +88,12 @@ def inspect(
 REPORT_FORMATS = ("table", "markdown", "json")
 
 
+def check_writable(path: Optional[Path], option: str) -> None:
+    """Refuse before the work, not after it, an output file whose directory does not exist."""
+    if path is not None and not path.resolve().parent.is_dir():
+        raise OptionError(f"{option} {path}: the directory {path.parent} does not exist; create it or choose another path")
+
+
 @app.command()
 def report(
     run: Annotated[Optional[Path], typer.Argument(help="Run directory (default: the newest under reports/).")] = None,
@@ -112,6 +118,8 @@ def report(
         raise OptionError(f"--format {fmt}: expected one of {', '.join(REPORT_FORMATS)}")
     if html is not None and heatmap is None:
         raise OptionError("--html FILE draws the --heatmap session: add --heatmap SESSION_ID")
+    check_writable(plot, "--plot")
+    check_writable(html, "--html")
     if heatmap is not None and html is None and fmt != "table":
         raise OptionError(f"--heatmap prints to the terminal, which --format {fmt} keeps for the report: add --html FILE")
     reading = read_and_summarize(run, baseline=baseline, probe=probe, draft_cost=draft_cost,
@@ -155,18 +163,20 @@ def probe(
     from .probe import CPU_NOTE, probe as measure, probe_json
     from .tables import write_json_atomic
 
+    check_writable(output, "--output")
     result = measure(model, context=context, k=k, device=device, dtype=dtype, repeats=repeats)
     data = probe_json(result)
     write_json_atomic(output, data)
     ms = 1e3
+    roof = result.roofline
     t = Table(title=f"{model}: batch 1, context {context}, {result.device} ({result.device_name}) {result.dtype}, "
                     f"median of {repeats}")
-    for c in ("step", "measured", "per decode step", "roofline"):
+    for c in ("step", "measured", "per decode step", f"roofline at {roof['precision']}"):
         t.add_column(c, justify="left" if c == "step" else "right")
-    roof = result.roofline
-    t.add_row("target decode (1 token)", f"{result.target_decode.median_s * ms:.3f} ms", "1", human_bytes(roof["target_bytes"]))
+    t.add_row("target decode (1 token)", f"{result.target_decode.median_s * ms:.3f} ms", "1",
+              f"1 ({human_bytes(roof['target_bytes'])} read)")
     t.add_row("draft step (c)", f"{result.draft_step.median_s * ms:.3f} ms", f"{result.draft_cost:.4f}",
-              f"{roof['draft_cost']:.4f} ({human_bytes(roof['head_bytes'] + roof['lm_head_bytes'])})")
+              f"{roof['draft_cost']:.4f} ({human_bytes(roof['head_bytes'] + roof['lm_head_bytes'])} read)")
     for K, (timing, extra) in enumerate(zip(result.verify, result.verify_extra()), start=1):
         t.add_row(f"verify K={K} ({K + 1} tokens)", f"{timing.median_s * ms:.3f} ms", f"{1 + extra:.4f}  (v = {extra:+.4f})", "")
     out.print(t)

@@ -41,10 +41,6 @@ class Counts:
     span_tokens: np.ndarray  # [...]  Σ (e - s) over scored spans: the tokens the simulated decode emits
     steps: np.ndarray  # [..., K]  simulated decode steps with draft length K = 1..Kmax (index K-1)
 
-    @property
-    def k(self) -> int:
-        return self.evaluable.shape[-1]
-
     def total(self, axis: int = 0) -> "Counts":
         """Pool the counts along a leading axis (token-weighted aggregation)."""
         return Counts(**{f: getattr(self, f).sum(axis=axis) for f in _FIELDS})
@@ -57,14 +53,6 @@ class Counts:
     def take(self, index) -> "Counts":
         """Index the leading axis: counts [S, ...] -> counts [len(index), ...] (or [...] for an int)."""
         return Counts(**{f: getattr(self, f)[index] for f in _FIELDS})
-
-    def truncate(self, k: int) -> "Counts":
-        """Keep depths 1..k (to compare runs replayed at different Kmax)."""
-        return Counts(
-            evaluable=self.evaluable[..., :k], on_path=self.on_path[..., :k], accepted=self.accepted[..., :k],
-            p_accept=self.p_accept[..., :k], on_policy=self.on_policy, span_tokens=self.span_tokens,
-            steps=self.steps[..., :k],
-        )
 
 
 _FIELDS = ("evaluable", "on_path", "accepted", "p_accept", "on_policy", "span_tokens", "steps")

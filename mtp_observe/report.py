@@ -603,16 +603,18 @@ def summarize(
         for g in range(G) if by_segment.evaluable[:, g, 0].sum() > 0
     )
 
-    # 3. By turn index: point estimates (token- and session-weighted), no bootstrap (turns x sessions x K grows).
-    turn_values = np.unique(run.spans.turn)
-    T = len(turn_values)
-    row_turn = np.searchsorted(turn_values, run.rows.turn)
-    span_turn = np.searchsorted(turn_values, run.spans.turn)
-    by_turn = tally(run, run.rows.session * T + row_turn, S * T, run.spans.session * T + span_turn, steps)
-    by_turn = Counts(**{f: v.reshape((S, T) + v.shape[1:]) for f, v in vars(by_turn).items()})
+    # 3. By turn index: point estimates (token- and session-weighted), no bootstrap. Counted per
+    #    (session, turn) pair that occurs, so long sessions with many turns stay small.
+    pair_of_span = run.spans.session * (int(run.spans.turn.max()) + 1 - int(run.spans.turn.min())) \
+        + (run.spans.turn - int(run.spans.turn.min()))
+    pairs, span_pair = np.unique(pair_of_span, return_inverse=True)
+    pair_turn = run.spans.turn[np.unique(span_pair, return_index=True)[1]]  # [pairs] the turn of each pair
+    anchor_span = np.repeat(np.arange(len(run.spans.start)), run.spans.end - run.spans.start)  # [A]
+    row_pair = span_pair[anchor_span][run.rows.anchor]
+    by_pair = tally(run, row_pair, len(pairs), span_pair, steps)
     turns = tuple(
-        _slice(str(int(turn_values[t])), by_turn.take((slice(None), t)), cost, None, level)
-        for t in range(T) if by_turn.evaluable[:, t, 0].sum() > 0
+        _slice(str(int(t)), by_pair.take(np.flatnonzero(pair_turn == t)), cost, None, level)
+        for t in np.unique(pair_turn) if by_pair.evaluable[pair_turn == t, 0].sum() > 0
     )
 
     # 4. Per session: its own rates (no interval: the bootstrap unit is the session).

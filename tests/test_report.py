@@ -566,11 +566,12 @@ def test_without_the_model_directory_the_heatmap_shows_token_ids_and_says_so(han
     assert "[107][114][121]" in text and "showing token ids" in text and "turn 1" in text
 
 
-def test_heatmap_option_mistakes_are_one_line(hand_run, tmp_path):
+def test_report_option_mistakes_are_one_line(hand_run, tmp_path):
     assert "no such session" in one_line_error(cli("report", str(hand_run), "--heatmap", "nobody"))
     assert "add --heatmap" in one_line_error(cli("report", str(hand_run), "--html", str(tmp_path / "x.html")))
     assert "add --html" in one_line_error(cli("report", str(hand_run), "--heatmap", "A", "--format", "json"))
     assert "--format xml" in one_line_error(cli("report", str(hand_run), "--format", "xml"))
+    assert "does not exist" in one_line_error(cli("report", str(hand_run), "--plot", str(tmp_path / "no" / "p.png")))
 
 
 def test_tokens_that_split_a_utf8_character_are_shown_together(tiny_checkpoint):
