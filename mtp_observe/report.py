@@ -28,6 +28,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -189,6 +190,10 @@ def load_run(path: str | Path) -> Run:
         else np.zeros((len(order), 0))
 
     # 2. the rows of one anchor are depths 1..m, contiguous; accepted(k) = match(k) and accepted(k-1)
+    if (segment < 0).any():
+        bad = int(np.flatnonzero(segment < 0)[0])
+        raise _run_error(positions_path, f"session {sessions[session[bad]]} request {request[bad]} pos {pos[bad]} depth "
+                         f"{depth[bad]} has no segment; the file is corrupt, re-run replay")
     if depth.min() < 1 or depth.max() > K:
         bad = int(np.flatnonzero((depth < 1) | (depth > K))[0])
         raise _run_error(positions_path, f"session {sessions[session[bad]]} request {request[bad]} pos {pos[bad]} has depth "
@@ -231,6 +236,13 @@ def load_run(path: str | Path) -> Run:
         raise _run_error(positions_path, f"session {sessions[spans.session[bad]]} request {spans.request[bad]} span "
                          f"[{spans.start[bad]}, {spans.end[bad]}] has {anchors_per_span[bad]} anchor rows, expected "
                          f"{expected[bad]} (one per position s..e-1); the file is incomplete, re-run replay")
+    depths_drafted = np.bincount(anchor)  # [A] m: rows at each anchor
+    evaluable = np.minimum(K, spans.end[span_index] - a_pos)  # min(K, e - p): every evaluable depth has a row
+    if not np.array_equal(depths_drafted, evaluable):
+        bad = int(np.flatnonzero(depths_drafted != evaluable)[0])
+        raise _run_error(positions_path, f"session {sessions[a_session[bad]]} request {a_request[bad]} anchor {a_pos[bad]} "
+                         f"has rows at depths 1..{depths_drafted[bad]}, expected 1..{evaluable[bad]} (min(k, e - p)); "
+                         "the file is incomplete, re-run replay")
     rows = Rows(
         session=session, request=request, pos=pos, depth=depth, segment=segment, turn=spans.turn[span_index][anchor],
         accepted=accepted, on_path=on_path, on_policy=on_policy, p_accept=p_accept, draft_token=draft_token, anchor=anchor,
@@ -302,8 +314,6 @@ def newest_run(root: str | Path = "reports") -> Path:
     def when(d: Path) -> tuple[float, str]:
         try:
             created = json.loads((d / "run.json").read_text()).get("created")
-            from datetime import datetime
-
             return datetime.fromisoformat(str(created).replace("Z", "+00:00")).timestamp(), d.name
         except (ValueError, TypeError, OSError, AttributeError, json.JSONDecodeError):
             return (d / "run.json").stat().st_mtime, d.name
@@ -411,7 +421,7 @@ def resolve_cost(run: Run, probe: str | Path | None = None, draft_cost: float | 
         raise _run_error(run.path / "run.json", "has no model.roofline.draft_cost; pass --draft-cost C or --probe probe.json")
     precision = roofline.get("precision", run.manifest.get("dtype", "?"))
     return Cost(c=float(c), verify_extra=np.zeros(run.k), source="roofline",
-                detail=f"roofline at {precision} (head + lm_head bytes / target bytes)", notes=())
+                detail=f"roofline at {precision}: head + lm_head bytes / target bytes", notes=())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -605,12 +615,11 @@ def summarize(
 
     # 3. By turn index: point estimates (token- and session-weighted), no bootstrap. Counted per
     #    (session, turn) pair that occurs, so long sessions with many turns stay small.
-    pair_of_span = run.spans.session * (int(run.spans.turn.max()) + 1 - int(run.spans.turn.min())) \
-        + (run.spans.turn - int(run.spans.turn.min()))
-    pairs, span_pair = np.unique(pair_of_span, return_inverse=True)
-    pair_turn = run.spans.turn[np.unique(span_pair, return_index=True)[1]]  # [pairs] the turn of each pair
-    anchor_span = np.repeat(np.arange(len(run.spans.start)), run.spans.end - run.spans.start)  # [A]
-    row_pair = span_pair[anchor_span][run.rows.anchor]
+    pairs, span_pair = np.unique(np.stack([run.spans.session, run.spans.turn], axis=1), axis=0, return_inverse=True)
+    span_pair = span_pair.reshape(-1)  # [N] the (session, turn) pair of each span
+    pair_turn = pairs[:, 1]  # [pairs]
+    anchor_span = np.repeat(np.arange(len(run.spans.start)), run.spans.end - run.spans.start)  # [A] span of each anchor
+    row_pair = span_pair[anchor_span][run.rows.anchor]  # [R]
     by_pair = tally(run, row_pair, len(pairs), span_pair, steps)
     turns = tuple(
         _slice(str(int(t)), by_pair.take(np.flatnonzero(pair_turn == t)), cost, None, level)

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -170,6 +172,15 @@ def test_tau_sim_emits_no_bonus_token_past_the_end_of_a_turn(runs):
     assert v.tau == pytest.approx([2.0, 3.0, 4.0])
 
 
+def test_on_long_turns_with_independent_acceptance_tau_and_tau_sim_agree(runs):
+    # With acceptance independent of position, a step from any anchor emits 1 + Σ_k P(a >= k) tokens on
+    # average, which is τ(K); only the ends of turns differ, and they are rare in 1500-2500-token turns.
+    run = write_run(runs / "long", random_sessions(12, 4, 0.7, seed=11, span_len=(1500, 2500)), k=4)
+    v = summary(run, replicates=10).overall.value
+    assert np.all(np.abs(v.tau_sim / v.tau - 1) < 0.02), (v.tau, v.tau_sim)
+    assert np.all(np.abs(v.tau_sim / v.tau - 1) > 0)  # two computations, not one
+
+
 def test_the_simulated_decode_follows_its_worked_example():
     # metrics.simulate_decode's docstring: anchors 0..4 with accepted lengths [2, 0, 0, 1, 1].
     assert simulate_decode(np.array([2, 0, 0, 1, 1]), np.array([5]), 2).tolist() == [2]
@@ -300,15 +311,21 @@ def test_a_run_with_a_newer_schema_version_is_refused_in_one_line(hand_run, tmp_
     assert "run.json" in line and "schema_version 2 is newer" in line and "upgrade" in line
 
 
-def _corrupt_accepted(path: Path) -> None:
-    import pyarrow.parquet as pq
-
+def _first_positions_part(path: Path) -> tuple[Path, pa.Table]:
     part = sorted((path / "positions.parquet").glob("part-*.parquet"))[0]
-    table = pq.read_table(part)
+    return part, pq.read_table(part)
+
+
+def _corrupt_accepted(path: Path) -> None:
+    part, table = _first_positions_part(path)
     accepted = table.column("accepted").to_pylist()
     accepted[2] = True  # A anchor 3 depth 1 missed, yet "accepted"
-    pq.write_table(table.set_column(table.schema.get_field_index("accepted"), "accepted",
-                                    __import__("pyarrow").array(accepted)), part)
+    pq.write_table(table.set_column(table.schema.get_field_index("accepted"), "accepted", pa.array(accepted)), part)
+
+
+def _drop_row(path: Path, index: int) -> None:
+    part, table = _first_positions_part(path)
+    pq.write_table(pa.concat_tables([table.slice(0, index), table.slice(index + 1)]), part)
 
 
 @pytest.mark.parametrize("damage, expected", [
@@ -319,6 +336,8 @@ def _corrupt_accepted(path: Path) -> None:
     (lambda p: shutil.rmtree(p / "requests.parquet"), "requests.parquet: missing"),
     (lambda p: [f.unlink() for f in (p / "positions.parquet").glob("part-*")], "holds no Parquet parts"),
     (_corrupt_accepted, "accepted=True but match"),
+    (lambda p: _drop_row(p, 1), "has rows at depths 1..1, expected 1..2"),
+    (lambda p: _drop_row(p, 0), "depth 2 does not follow depth 1"),
 ])
 def test_a_damaged_run_directory_is_one_line_naming_the_file(hand_run, tmp_path, damage, expected):
     broken = tmp_path / "broken"
