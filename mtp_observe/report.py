@@ -102,7 +102,8 @@ def read_manifest(path: Path) -> dict:
     """run.json, checked far enough to trust schema_version, k and sampling."""
     path = Path(path)
     if not path.is_dir():
-        raise _run_error(path, "no such run directory; pass a directory written by `mtp-observe replay` (it holds run.json)")
+        raise _run_error(path, "no such run directory; pass a directory written by `mtp-observe replay` "
+                               "(it holds run.json)")
     manifest_path = path / "run.json"
     if not manifest_path.is_file():
         raise _run_error(manifest_path, "missing; this is not a run directory written by `mtp-observe replay`")
@@ -114,7 +115,8 @@ def read_manifest(path: Path) -> dict:
         raise _run_error(manifest_path, "is not a JSON object; the run directory is damaged")
     version = manifest.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise _run_error(manifest_path, f"schema_version {version!r} is not a version this tool wrote; not an mtp-observe run")
+        raise _run_error(manifest_path,
+                         f"schema_version {version!r} is not a version this tool wrote; not an mtp-observe run")
     if version > SCHEMA_VERSION:
         raise _run_error(
             manifest_path,
@@ -123,7 +125,8 @@ def read_manifest(path: Path) -> dict:
         )
     k = manifest.get("k")
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise _run_error(manifest_path, f"k is {k!r}, expected the replayed Kmax (an integer >= 1); the run directory is damaged")
+        raise _run_error(manifest_path,
+                         f"k is {k!r}, expected the replayed Kmax (an integer >= 1); the run directory is damaged")
     sampling = manifest.get("sampling", {})
     if not isinstance(sampling, dict) or not all(isinstance(p, str) and p for p in sampling):
         raise _run_error(manifest_path, "sampling is not an object of profile names; the run directory is damaged")
@@ -145,7 +148,8 @@ def read_dataset(path: Path, columns: list[str], status: str, filter=None) -> pa
             raise _run_error(path, f"holds no Parquet parts (run status: {status}); nothing has been written yet")
         missing = [c for c in columns if c not in dataset.schema.names]
         if missing:
-            raise _run_error(path, f"has no column(s) {', '.join(missing)}; it was not written with this run's schema (re-run replay)")
+            raise _run_error(path, f"has no column(s) {', '.join(missing)}; it was not written with this run's "
+                                   "schema (re-run replay)")
         return dataset.to_table(columns=columns, filter=filter)
     except (pa.ArrowException, OSError) as e:
         raise _run_error(path, f"cannot be read as Parquet ({_one_line(e)}); the run directory is damaged") from None
@@ -264,8 +268,9 @@ def _flatten_spans(requests: pa.Table, sessions: tuple[str, ...], where: Path, n
     lengths = spans_col.value_lengths().fill_null(0).to_numpy().astype(np.int64)
     flat = spans_col.flatten()
     index = {s: i for i, s in enumerate(sessions)}
-    request_session = np.array([index.get(s, -1) for s in requests.column("session_id").to_pylist()], dtype=np.int64)
-    left_out = {s for s, c, n in zip(requests.column("session_id").to_pylist(), request_session, lengths) if c < 0 and n > 0}
+    request_session = np.array([index.get(s, -1) for s in requests.column("session_id").to_pylist()], np.int64)
+    session_ids = requests.column("session_id").to_pylist()
+    left_out = {s for s, c, n in zip(session_ids, request_session, lengths) if c < 0 and n > 0}
     if left_out:
         notes.append(f"{len(left_out)} session(s) of {where.name} have scored spans but no rows in positions.parquet "
                      "and are left out")
@@ -405,7 +410,8 @@ def resolve_cost(run: Run, probe: str | Path | None = None, draft_cost: float | 
         run_sha = (run.manifest.get("model") or {}).get("config_sha256")
         probe_sha = (data.get("model") or {}).get("config_sha256")
         if run_sha and probe_sha and run_sha != probe_sha:
-            notes.append(f"the probe measured another model ({(data.get('model') or {}).get('path')}) than the run replayed")
+            other = (data.get("model") or {}).get("path")
+            notes.append(f"the probe measured another model ({other}) than the run replayed")
         if data.get("dtype") and run.manifest.get("dtype") and data["dtype"] != run.manifest["dtype"]:
             notes.append(f"the probe ran at {data['dtype']}, the run replayed at {run.manifest['dtype']}")
         detail = f"probe {probe}: {data.get('device', '?')} {data.get('dtype', '?')}, context {data.get('context', '?')}"
@@ -418,7 +424,8 @@ def resolve_cost(run: Run, probe: str | Path | None = None, draft_cost: float | 
     roofline = ((run.manifest.get("model") or {}).get("roofline") or {})
     c = roofline.get("draft_cost")
     if not _finite(c) or c < 0:
-        raise _run_error(run.path / "run.json", "has no model.roofline.draft_cost; pass --draft-cost C or --probe probe.json")
+        raise _run_error(run.path / "run.json",
+                         "has no model.roofline.draft_cost; pass --draft-cost C or --probe probe.json")
     precision = roofline.get("precision", run.manifest.get("dtype", "?"))
     return Cost(c=float(c), verify_extra=np.zeros(run.k), source="roofline",
                 detail=f"roofline at {precision}: head + lm_head bytes / target bytes", notes=())
@@ -820,10 +827,11 @@ def report_json(report: Report, comparison: Comparison | None = None) -> dict:
         "run": {
             "path": str(report.path), "status": m.get("status"), "created": m.get("created"),
             "model": model.get("path"), "dtype": m.get("dtype"), "device": m.get("device"), "k": report.k,
-            "profiles": list(report.profiles), "sessions": len(report.sessions), "anchors": o.anchors, "rows": report.rows,
+            "profiles": list(report.profiles), "sessions": len(report.sessions), "anchors": o.anchors,
+            "rows": report.rows,
         },
-        "cost": {"source": report.cost.source, "c": report.cost.c, "verify_extra": [float(x) for x in report.cost.verify_extra],
-                 "detail": report.cost.detail},
+        "cost": {"source": report.cost.source, "c": report.cost.c,
+                 "verify_extra": [float(x) for x in report.cost.verify_extra], "detail": report.cost.detail},
         "bootstrap": {"replicates": report.replicates, "seed": report.seed, "level": report.level},
         "k": list(range(1, report.k + 1)),
         "overall": slice_json(o, report.profiles),
