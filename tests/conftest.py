@@ -23,7 +23,9 @@ def _shared() -> Path | None:
 SHARED = _shared()
 SESSIONS_PUBLIC = SHARED / "sessions-public" if SHARED else None
 
-torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+# Tiny models gain nothing from threads, and on a shared 2-core machine OpenMP threads that spin
+# waiting for a busy core slow small ops down a hundredfold. Tests that need throughput raise it.
+torch.set_num_threads(1)
 
 _checkpoints: dict[str, Path] = {}
 

@@ -1,0 +1,279 @@
+"""Presenting a report: rich tables for the terminal, Markdown for a CI job summary, a PNG.
+
+Contract: `report_tables(report, comparison)` lays the numbers out once as plain-text tables;
+`print_rich` and `markdown` only draw them. `plot` writes acceptance by depth and speedup
+versus K with their bootstrap intervals (matplotlib's Agg canvas, imported on use). Nothing is
+computed here: every number comes from report.Report / report.Comparison.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .report import Comparison, Delta, Report, Slice
+
+MAX_SESSIONS_SHOWN = 20  # the session table shows the lowest-τ_sim sessions; JSON has them all
+FLAG = "⚑"
+
+
+@dataclass(frozen=True)
+class TextTable:
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    caption: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers as text
+
+
+def num(x: float, digits: int = 3, signed: bool = False) -> str:
+    x = float(x)
+    if not math.isfinite(x):
+        return "—"
+    return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
+
+
+def with_interval(x: float, lo: float | None, hi: float | None, digits: int = 3, signed: bool = False) -> str:
+    if lo is None or hi is None or not (math.isfinite(float(lo)) and math.isfinite(float(hi))):
+        return num(x, digits, signed)
+    return f"{num(x, digits, signed)} [{num(lo, digits - 1, signed)},{num(hi, digits - 1, signed)}]"
+
+
+def _at(r, field: str, index):
+    return None if r is None else getattr(r, field)[index]
+
+
+def cell(s: Slice, field: str, index) -> str:
+    """A slice's value with its interval, e.g. '2.011 [1.90, 2.12]'."""
+    return with_interval(getattr(s.value, field)[index], _at(s.lo, field, index), _at(s.hi, field, index))
+
+
+def delta_cell(d: Delta, field: str, index, label: str) -> str:
+    text = with_interval(getattr(d.value, field)[index], _at(d.lo, field, index), _at(d.hi, field, index), signed=True)
+    return f"{text} {FLAG}" if label in d.flagged else text
+
+
+# ---------------------------------------------------------------------------------------------
+# The tables
+
+
+def header_lines(report: Report, comparison: Comparison | None = None) -> list[str]:
+    m = report.manifest
+    o, v, k = report.overall, report.verdict, report.best_k
+    model = (m.get("model") or {}).get("path", "?")
+    lines = [
+        f"run {report.path}  status={m.get('status')}  model={model}  dtype={m.get('dtype')}  Kmax={report.k}",
+        f"{len(report.sessions)} sessions, {o.anchors} anchors, {report.rows} rows; "
+        f"bootstrap {report.replicates} resamples of sessions (seed {report.seed}), {report.level:.0%} intervals",
+        f"draft cost c = {report.cost.c:.4f} ({report.cost.detail}); "
+        f"v(K) = {', '.join(num(x, 3) for x in report.cost.verify_extra)}",
+        f"on-policy rate {cell(o, 'on_policy', ())} (minimum {v.min_on_policy:g})",
+        f"best K = {k}: speedup {cell(o, 'speedup', k - 1)}, τ {cell(o, 'tau', k - 1)}, τ_sim {cell(o, 'tau_sim', k - 1)}",
+    ]
+    if comparison is not None:
+        lines.append(f"baseline {comparison.baseline_path}: differences current - baseline over K <= {comparison.k}; "
+                     f"{FLAG} = the difference's {report.level:.0%} interval excludes 0")
+    return lines
+
+
+def verdict_line(report: Report) -> str:
+    v = report.verdict
+    gate = v.gate.text if v.enforced else f"{v.gate.text} (no --gate: informational)"
+    return f"{v.status}  [{gate}]  {v.reason}"
+
+
+def report_tables(report: Report, comparison: Comparison | None = None) -> list[TextTable]:
+    if comparison is not None:
+        return delta_tables(report, comparison)
+    o, K, kb = report.overall, report.k, report.best_k
+    profiles = report.profiles
+    by_k = TextTable(
+        title="acceptance and projected speedup by K (token-weighted)",
+        columns=("K", "α_k", "A_k", "τ(K)", "τ_sim(K)", *[f"τ_{p}" for p in profiles], "speedup"),
+        rows=tuple(
+            (f"{k} ★" if k == kb else str(k), num(o.value.alpha[k - 1]), num(o.value.accept_rate[k - 1]),
+             cell(o, "tau", k - 1), cell(o, "tau_sim", k - 1),
+             *[num(o.value.tau_profile[i, k - 1]) for i in range(len(profiles))], cell(o, "speedup", k - 1))
+            for k in range(1, K + 1)
+        ),
+        caption="★ best K. α_k = accepted(k) / accepted(k-1); A_k = accepted(k) / evaluable(k); τ(K) = 1 + Σ A_k "
+                "(bonus token included); τ_sim = simulated greedy decode; τ_S under sampling profile S; "
+                "speedup = τ / (1 + K·c + v(K))",
+    )
+    sw = o.session_weighted
+    session_weighted = TextTable(
+        title=f"session-weighted (mean over {o.sessions} sessions)",
+        columns=("K", "α_k", "A_k", "τ(K)", "τ_sim(K)", "on-policy"),
+        rows=tuple((str(k), num(sw.alpha[k - 1]), num(sw.accept_rate[k - 1]), num(sw.tau[k - 1]), num(sw.tau_sim[k - 1]),
+                    num(sw.on_policy) if k == 1 else "") for k in range(1, K + 1)),
+    )
+    segments = TextTable(
+        title=f"by segment of the drafted token (τ at best K = {kb})",
+        columns=("segment", "anchors", "sessions", "α_1..α_K", "τ(K)", "τ(K) sess-w", "on-policy"),
+        rows=tuple(
+            (s.name, str(s.anchors), str(s.sessions), " ".join(num(a, 2) for a in s.value.alpha), cell(s, "tau", kb - 1),
+             num(s.session_weighted.tau[kb - 1]), num(s.value.on_policy))
+            for s in report.segments
+        ),
+    )
+    turns = TextTable(
+        title=f"by turn (at best K = {kb})",
+        columns=("turn", "sessions", "anchors", "α_1", "τ(K)", "τ(K) sess-w", "τ_sim(K)", "τ_sim(K) sess-w", "on-policy"),
+        rows=tuple(
+            (s.name, str(s.sessions), str(s.anchors), num(s.value.alpha[0]), num(s.value.tau[kb - 1]),
+             num(s.session_weighted.tau[kb - 1]), num(s.value.tau_sim[kb - 1]), num(s.session_weighted.tau_sim[kb - 1]),
+             num(s.value.on_policy))
+            for s in report.turns
+        ),
+    )
+    worst = sorted(report.sessions, key=lambda s: _sort_key(s.value.tau_sim[kb - 1]))[:MAX_SESSIONS_SHOWN]
+    shown = len(worst) < len(report.sessions)
+    sessions = TextTable(
+        title=f"by session (at best K = {kb})" + (f", the {len(worst)} lowest τ_sim of {len(report.sessions)}" if shown else ""),
+        columns=("session", "anchors", "α_1", "τ(K)", "τ_sim(K)", "on-policy"),
+        rows=tuple((s.name, str(s.anchors), num(s.value.alpha[0]), num(s.value.tau[kb - 1]), num(s.value.tau_sim[kb - 1]),
+                    num(s.value.on_policy)) for s in worst),
+        caption="every session is in --format json" if shown else "",
+    )
+    return [by_k, session_weighted, segments, turns, sessions]
+
+
+def _sort_key(x: float) -> float:
+    return float(x) if math.isfinite(float(x)) else math.inf
+
+
+def delta_tables(report: Report, comparison: Comparison) -> list[TextTable]:
+    """The same tables as differences current - baseline, flagged where the difference's interval excludes 0."""
+    d = comparison.overall
+    K = comparison.k
+    kb = min(report.best_k, K)
+    by_k = TextTable(
+        title="Δ by K (current - baseline, token-weighted)",
+        columns=("K", "Δα_k", "ΔA_k", "Δτ(K)", "Δτ_sim(K)", *[f"Δτ_{p}(K)" for p in comparison.profiles], "Δspeedup"),
+        rows=tuple(
+            (str(k), delta_cell(d, "alpha", k - 1, f"alpha@k={k}"), delta_cell(d, "accept_rate", k - 1, f"accept_rate@k={k}"),
+             delta_cell(d, "tau", k - 1, f"tau@K={k}"), delta_cell(d, "tau_sim", k - 1, f"tau_sim@K={k}"),
+             *[delta_cell(d, "tau_profile", (i, k - 1), f"tau_profile[{i}]@K={k}") for i in range(len(comparison.profiles))],
+             delta_cell(d, "speedup", k - 1, f"speedup@K={k}"))
+            for k in range(1, K + 1)
+        ),
+        caption=f"Δon-policy {delta_cell(d, 'on_policy', (), 'on_policy')}; "
+                f"current speedup at K={kb}: {num(report.overall.value.speedup[kb - 1])}, baseline "
+                f"{num(d.baseline.value.speedup[kb - 1])}",
+    )
+    segments = TextTable(
+        title=f"Δ by segment (at K = {kb})",
+        columns=("segment", "anchors (cur / base)", "Δα_1", "Δτ(K)", "Δon-policy"),
+        rows=tuple((s.name, f"{s.current.anchors} / {s.baseline.anchors}", delta_cell(s, "alpha", 0, "alpha@k=1"),
+                    delta_cell(s, "tau", kb - 1, f"tau@K={kb}"), delta_cell(s, "on_policy", (), "on_policy"))
+                   for s in comparison.segments),
+    )
+    turns = TextTable(
+        title=f"Δ by turn (at K = {kb}; point estimates, not flagged)",
+        columns=("turn", "anchors (cur / base)", "Δα_1", "Δτ(K)", "Δτ_sim(K)", "Δon-policy"),
+        rows=tuple((s.name, f"{s.current.anchors} / {s.baseline.anchors}", num(s.value.alpha[0], signed=True),
+                    num(s.value.tau[kb - 1], signed=True), num(s.value.tau_sim[kb - 1], signed=True),
+                    num(s.value.on_policy, signed=True)) for s in comparison.turns),
+    )
+    return [by_k, segments, turns]
+
+
+# ---------------------------------------------------------------------------------------------
+# Drawing the tables
+
+
+def print_rich(report: Report, comparison: Comparison | None, console) -> None:
+    from rich.table import Table
+
+    for line in header_lines(report, comparison):
+        console.print(line, markup=False, soft_wrap=True)
+    for t in report_tables(report, comparison):
+        table = Table(title=t.title, caption=t.caption or None, title_justify="left")
+        for i, c in enumerate(t.columns):
+            table.add_column(c, justify="left" if i == 0 else "right")
+        for row in t.rows:
+            table.add_row(*row)
+        console.print(table)
+    for note in report.notes:
+        console.print(f"note: {note}", markup=False, soft_wrap=True, style="yellow")
+    colour = {"GO": "bold green", "NO-GO": "bold red", "UNRELIABLE": "bold yellow"}[report.verdict.status]
+    console.print(verdict_line(report), style=colour, markup=False, soft_wrap=True)
+
+
+def markdown(report: Report, comparison: Comparison | None = None) -> str:
+    """GitHub-flavoured Markdown, e.g. for $GITHUB_STEP_SUMMARY."""
+    v = report.verdict
+    out = [f"## mtp-observe: **{v.status}**", "", f"`{verdict_line(report)}`", ""]
+    out += [f"- {line}" for line in header_lines(report, comparison)]
+    out += [f"- note: {n}" for n in report.notes]
+    for t in report_tables(report, comparison):
+        out += ["", f"### {t.title}", "", "| " + " | ".join(t.columns) + " |",
+                "|" + "|".join(":---" if i == 0 else "---:" for i in range(len(t.columns))) + "|"]
+        out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in t.rows]
+        if t.caption:
+            out += ["", f"_{t.caption}_"]
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# The picture
+
+
+def plot(report: Report, path: str | Path, comparison: Comparison | None = None) -> Path:
+    """Two panels: acceptance by depth (α_k, A_k) and τ, τ_sim, speedup versus K, each with its interval."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    o, K, kb, v = report.overall, report.k, report.best_k, report.verdict
+    ks = np.arange(1, K + 1)
+    fig = Figure(figsize=(11, 4.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(1, 2)
+
+    def with_bars(ax, x, field, label, colour, marker, index=slice(None)):
+        y = getattr(o.value, field)[index]
+        if o.lo is not None:
+            lo, hi = getattr(o.lo, field)[index], getattr(o.hi, field)[index]
+            ax.fill_between(x, lo, hi, color=colour, alpha=0.18, linewidth=0)
+        ax.plot(x, y, marker=marker, color=colour, label=label, linewidth=2)
+
+    with_bars(left, ks, "alpha", "α_k  conditional: accepted(k) / accepted(k-1)", "#1f77b4", "o")
+    with_bars(left, ks, "accept_rate", "A_k  unconditional: accepted(k) / evaluable(k)", "#ff7f0e", "s")
+    if comparison is not None:
+        base = comparison.overall.baseline.value
+        kc = np.arange(1, comparison.k + 1)
+        left.plot(kc, base.alpha[: comparison.k], "--", color="#1f77b4", alpha=0.6, label="α_k baseline")
+        left.plot(kc, base.accept_rate[: comparison.k], "--", color="#ff7f0e", alpha=0.6, label="A_k baseline")
+    left.set(title="Acceptance by depth (95% bootstrap bands)", xlabel="depth k", ylabel="acceptance rate",
+             ylim=(0, 1.02), xticks=ks)
+    left.grid(alpha=0.3)
+    left.legend(loc="lower left", fontsize=8)
+
+    with_bars(right, ks, "tau", "τ(K)  analytic mean acceptance length", "#2ca02c", "o")
+    with_bars(right, ks, "tau_sim", "τ_sim(K)  simulated decode", "#9467bd", "^")
+    with_bars(right, ks, "speedup", f"speedup(K)  c = {report.cost.c:.3f} ({report.cost.source})", "#d62728", "s")
+    if comparison is not None:
+        kc = np.arange(1, comparison.k + 1)
+        right.plot(kc, comparison.overall.baseline.value.speedup[: comparison.k], "--", color="#d62728", alpha=0.6,
+                   label="speedup baseline")
+    right.axhline(1.0, color="grey", linewidth=1, linestyle=":", label="1× (no speedup)")
+    if v.enforced and v.gate.metric in ("speedup", "tau", "tau_sim"):
+        right.axhline(v.gate.threshold, color="black", linewidth=1, linestyle="--", label=f"gate {v.gate.text}")
+    right.plot([kb], [o.value.speedup[kb - 1]], marker="*", markersize=16, color="#d62728", linestyle="none",
+               label=f"best K = {kb}")
+    right.set(title="Mean acceptance length and projected speedup vs K (95% bands)", xlabel="draft length K",
+              ylabel="τ: tokens per target step;  speedup: ×", xticks=ks)
+    right.grid(alpha=0.3)
+    right.legend(loc="upper left", fontsize=8)
+    gate = v.gate.text if v.enforced else "no gate"
+    fig.suptitle(f"{report.path.name}: {len(report.sessions)} sessions, {o.anchors} anchors, on-policy "
+                 f"{num(o.value.on_policy)} — {v.status} ({gate})", fontsize=11)
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    return path

@@ -1,0 +1,860 @@
+"""The report: a run directory read back, summarised, judged against a gate, compared with a baseline.
+
+Contract:
+    load_run(path) -> Run            reads a run directory of schema_version 1 (tables.py) and
+                                     refuses anything else in one line (RunDirectoryError)
+    newest_run(root) -> Path         the run `mtp-observe report` reads when given none
+    resolve_cost(run, ...) -> Cost   the speedup denominator: --probe, else --draft-cost, else roofline
+    summarize(run, cost, ...) -> Report
+                                     every metric of ACCEPTANCE.md per K <= Kmax, sliced by segment,
+                                     turn and session, with bootstrap intervals over sessions, the best
+                                     K and the verdict
+    compare(report, baseline) -> Comparison
+                                     the same numbers as differences, flagged where the difference's
+                                     interval excludes zero
+    report_json(report, comparison) -> dict
+                                     the stable JSON (`--format json`, keys in README.md)
+    read_and_summarize(path, ...) -> Reading
+                                     all of the above, as `mtp-observe report` runs it
+
+Counts are taken here (`tally`); rates are derived only in `metrics.py`; presenting lives in
+`render.py` and `heatmap.py`. Imports no torch: pandas, numpy and pyarrow only, so a CI job
+reads a run without the model stack.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pads
+
+from . import __version__
+from .errors import OptionError, RunDirectoryError
+from .metrics import (
+    RATE_FIELDS, Counts, Rates, best_k, bootstrap_weights, nanmean, percentile_interval, rates, simulate_decode,
+)
+from .tables import SCHEMA_VERSION, SEGMENTS
+
+REPORT_VERSION = 1  # the "report_version" of report_json; bump on an incompatible key change
+PROBE_VERSION = 1  # the "probe_version" probe.json carries (written by probe.py)
+
+# ---------------------------------------------------------------------------------------------
+# 1. Reading a run directory
+
+
+@dataclass(frozen=True)
+class Rows:
+    """positions.parquet as arrays, sorted by (session, request, pos, depth). R rows, P profiles."""
+
+    session: np.ndarray  # [R] int64  index into Run.sessions
+    request: np.ndarray  # [R] int64
+    pos: np.ndarray  # [R] int64  the anchor p
+    depth: np.ndarray  # [R] int64  k, 1..K
+    segment: np.ndarray  # [R] int64  index into Run.segments (segment of the drafted token x_{p+k})
+    turn: np.ndarray  # [R] int64  turn of the row's scored span
+    accepted: np.ndarray  # [R] bool  match at every depth 1..k
+    on_path: np.ndarray  # [R] bool  the same anchor's row at depth k-1 is accepted (True at k = 1)
+    on_policy: np.ndarray  # [R] bool  actual_token == target_token
+    p_accept: np.ndarray  # [R, P] float64  p_accept_<profile>
+    draft_token: np.ndarray  # [R] int64
+    anchor: np.ndarray  # [R] int64  index of the row's anchor (into Run.accepted_len)
+
+
+@dataclass(frozen=True)
+class Spans:
+    """Scored spans [s, e] of requests.parquet, sorted by (session, request, start). N spans."""
+
+    session: np.ndarray  # [N] int64
+    request: np.ndarray  # [N] int64
+    start: np.ndarray  # [N] int64  s, the first generated token
+    end: np.ndarray  # [N] int64  e, the end-of-turn token (inclusive)
+    turn: np.ndarray  # [N] int64
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run directory read back and checked. A anchors (one per depth-1 row)."""
+
+    path: Path
+    manifest: dict  # run.json as stored
+    k: int  # Kmax replayed
+    profiles: tuple[str, ...]  # sampling profiles, run.json order (p_accept_<profile>)
+    sessions: tuple[str, ...]  # session ids with scored rows, in input order
+    segments: tuple[str, ...]  # segment names; Rows.segment indexes this
+    rows: Rows
+    spans: Spans
+    accepted_len: np.ndarray  # [A] int64  accepted length at each anchor, in row order (= span order)
+    notes: tuple[str, ...]  # what the reader noticed (partial run, sessions left out)
+
+
+def _run_error(path: Path, what: str) -> RunDirectoryError:
+    return RunDirectoryError(f"{path}: {what}")
+
+
+def read_manifest(path: Path) -> dict:
+    """run.json, checked far enough to trust schema_version, k and sampling."""
+    path = Path(path)
+    if not path.is_dir():
+        raise _run_error(path, "no such run directory; pass a directory written by `mtp-observe replay` "
+                               "(it holds run.json)")
+    manifest_path = path / "run.json"
+    if not manifest_path.is_file():
+        raise _run_error(manifest_path, "missing; this is not a run directory written by `mtp-observe replay`")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _run_error(manifest_path, f"cannot be read as JSON ({_one_line(e)}); the run directory is damaged") from None
+    if not isinstance(manifest, dict):
+        raise _run_error(manifest_path, "is not a JSON object; the run directory is damaged")
+    version = manifest.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise _run_error(manifest_path,
+                         f"schema_version {version!r} is not a version this tool wrote; not an mtp-observe run")
+    if version > SCHEMA_VERSION:
+        raise _run_error(
+            manifest_path,
+            f"schema_version {version} is newer than this mtp-observe {__version__} reads ({SCHEMA_VERSION}); "
+            "upgrade mtp-observe to read it",
+        )
+    k = manifest.get("k")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise _run_error(manifest_path,
+                         f"k is {k!r}, expected the replayed Kmax (an integer >= 1); the run directory is damaged")
+    sampling = manifest.get("sampling", {})
+    if not isinstance(sampling, dict) or not all(isinstance(p, str) and p for p in sampling):
+        raise _run_error(manifest_path, "sampling is not an object of profile names; the run directory is damaged")
+    return manifest
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def read_dataset(path: Path, columns: list[str], status: str, filter=None) -> pa.Table:
+    """A Parquet dataset path (one file or a directory of parts; dot-prefixed files are skipped)."""
+    if not path.exists():
+        raise _run_error(path, "missing; the run directory is incomplete (re-run `mtp-observe replay`)")
+    try:
+        dataset = pads.dataset(str(path), format="parquet")
+        if not dataset.files:
+            raise _run_error(path, f"holds no Parquet parts (run status: {status}); nothing has been written yet")
+        missing = [c for c in columns if c not in dataset.schema.names]
+        if missing:
+            raise _run_error(path, f"has no column(s) {', '.join(missing)}; it was not written with this run's "
+                                   "schema (re-run replay)")
+        return dataset.to_table(columns=columns, filter=filter)
+    except (pa.ArrowException, OSError) as e:
+        raise _run_error(path, f"cannot be read as Parquet ({_one_line(e)}); the run directory is damaged") from None
+
+
+def load_run(path: str | Path) -> Run:
+    """Read and check a run directory. Every inconsistency a reader would trip on is one RunDirectoryError."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    K = manifest["k"]
+    profiles = tuple(manifest.get("sampling", {}))
+    status = str(manifest.get("status", "unknown"))
+    notes: list[str] = []
+    if status != "complete":
+        notes.append(f"run status is {status!r}: the report covers the sessions written so far")
+
+    # 1. positions.parquet -> arrays, sorted by (session, request, pos, depth)
+    positions_path = path / "positions.parquet"
+    columns = ["session_id", "request", "pos", "depth", "segment", "draft_token", "actual_token", "target_token",
+               "match", "accepted"] + [f"p_accept_{p}" for p in profiles]
+    table = read_dataset(positions_path, columns, status)
+    if table.num_rows == 0:
+        raise _run_error(positions_path, "has no rows: the run scored no assistant tokens, so there is nothing to report")
+    session_ids = table.column("session_id").to_pandas()
+    session_codes, sessions = _factorize(session_ids)
+    segment_col = table.column("segment").to_pandas().astype("category")
+    names = list(segment_col.cat.categories.astype(str))
+    segments = tuple(SEGMENTS + sorted(n for n in names if n not in SEGMENTS))
+    segment_codes = np.array([segments.index(n) for n in names] + [-1], dtype=np.int64)[segment_col.cat.codes.to_numpy()]
+
+    def col(name, dtype=np.int64):
+        return table.column(name).to_numpy(zero_copy_only=False).astype(dtype)
+
+    session, request, pos, depth = session_codes, col("request"), col("pos"), col("depth")
+    order = np.lexsort((depth, pos, request, session))
+    session, request, pos, depth = session[order], request[order], pos[order], depth[order]
+    segment = segment_codes[order]
+    match, accepted = col("match", bool)[order], col("accepted", bool)[order]
+    draft_token = col("draft_token")[order]
+    on_policy = col("actual_token")[order] == col("target_token")[order]
+    p_accept = np.stack([col(f"p_accept_{p}", np.float64)[order] for p in profiles], axis=1) if profiles \
+        else np.zeros((len(order), 0))
+
+    # 2. the rows of one anchor are depths 1..m, contiguous; accepted(k) = match(k) and accepted(k-1)
+    if (segment < 0).any():
+        bad = int(np.flatnonzero(segment < 0)[0])
+        raise _run_error(positions_path, f"session {sessions[session[bad]]} request {request[bad]} pos {pos[bad]} depth "
+                         f"{depth[bad]} has no segment; the file is corrupt, re-run replay")
+    if depth.min() < 1 or depth.max() > K:
+        bad = int(np.flatnonzero((depth < 1) | (depth > K))[0])
+        raise _run_error(positions_path, f"session {sessions[session[bad]]} request {request[bad]} pos {pos[bad]} has depth "
+                         f"{depth[bad]}, outside 1..{K} (run.json k); the run directory is inconsistent")
+    same_anchor = np.zeros(len(depth), dtype=bool)
+    same_anchor[1:] = (session[1:] == session[:-1]) & (request[1:] == request[:-1]) & (pos[1:] == pos[:-1])
+    previous_depth = np.concatenate([[0], depth[:-1]])
+    contiguous = np.where(depth == 1, ~same_anchor, same_anchor & (previous_depth == depth - 1))
+    if not contiguous.all():
+        bad = int(np.flatnonzero(~contiguous)[0])
+        raise _run_error(positions_path, f"session {sessions[session[bad]]} request {request[bad]} anchor {pos[bad]}: depth "
+                         f"{depth[bad]} does not follow depth {depth[bad] - 1} (rows must be depths 1..m per anchor); "
+                         "the file is corrupt, re-run replay")
+    on_path = np.ones(len(depth), dtype=bool)
+    on_path[1:] = np.where(depth[1:] == 1, True, accepted[:-1])
+    consistent = accepted == (match & on_path)
+    if not consistent.all():
+        bad = int(np.flatnonzero(~consistent)[0])
+        raise _run_error(positions_path, f"session {sessions[session[bad]]} request {request[bad]} anchor {pos[bad]} depth "
+                         f"{depth[bad]}: accepted={bool(accepted[bad])} but match at depths 1..{depth[bad]} says "
+                         f"{bool(match[bad] and on_path[bad])}; the file is corrupt, re-run replay")
+    first = depth == 1
+    anchor = np.cumsum(first) - 1  # [R]
+    accepted_len = np.bincount(anchor, weights=accepted, minlength=int(first.sum())).astype(np.int64)
+
+    # 3. requests.parquet -> spans of the sessions that have rows; every anchor in exactly one span
+    requests_path = path / "requests.parquet"
+    req = read_dataset(requests_path, ["session_id", "request", "spans"], status)
+    spans = _flatten_spans(req, sessions, requests_path, notes)
+    a_session, a_request, a_pos = session[first], request[first], pos[first]
+    span_index = _assign_spans(a_session, a_request, a_pos, spans)
+    if (span_index < 0).any():
+        bad = int(np.flatnonzero(span_index < 0)[0])
+        raise _run_error(positions_path, f"session {sessions[a_session[bad]]} request {a_request[bad]} anchor {a_pos[bad]} "
+                         f"lies in no scored span of {requests_path.name}; the run directory is inconsistent, re-run replay")
+    anchors_per_span = np.bincount(span_index, minlength=len(spans.start))
+    expected = spans.end - spans.start
+    if not np.array_equal(anchors_per_span, expected):
+        bad = int(np.flatnonzero(anchors_per_span != expected)[0])
+        raise _run_error(positions_path, f"session {sessions[spans.session[bad]]} request {spans.request[bad]} span "
+                         f"[{spans.start[bad]}, {spans.end[bad]}] has {anchors_per_span[bad]} anchor rows, expected "
+                         f"{expected[bad]} (one per position s..e-1); the file is incomplete, re-run replay")
+    depths_drafted = np.bincount(anchor)  # [A] m: rows at each anchor
+    evaluable = np.minimum(K, spans.end[span_index] - a_pos)  # min(K, e - p): every evaluable depth has a row
+    if not np.array_equal(depths_drafted, evaluable):
+        bad = int(np.flatnonzero(depths_drafted != evaluable)[0])
+        raise _run_error(positions_path, f"session {sessions[a_session[bad]]} request {a_request[bad]} anchor {a_pos[bad]} "
+                         f"has rows at depths 1..{depths_drafted[bad]}, expected 1..{evaluable[bad]} (min(k, e - p)); "
+                         "the file is incomplete, re-run replay")
+    rows = Rows(
+        session=session, request=request, pos=pos, depth=depth, segment=segment, turn=spans.turn[span_index][anchor],
+        accepted=accepted, on_path=on_path, on_policy=on_policy, p_accept=p_accept, draft_token=draft_token, anchor=anchor,
+    )
+    return Run(path=path, manifest=manifest, k=K, profiles=profiles, sessions=sessions, segments=segments,
+               rows=rows, spans=spans, accepted_len=accepted_len, notes=tuple(notes))
+
+
+def _factorize(values) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Strings -> (codes [n] int64 by first appearance, the distinct values in that order)."""
+    import pandas as pd
+
+    codes, uniques = pd.factorize(values, sort=False)
+    return codes.astype(np.int64), tuple(str(u) for u in uniques)
+
+
+def _flatten_spans(requests: pa.Table, sessions: tuple[str, ...], where: Path, notes: list[str]) -> Spans:
+    spans_col = requests.column("spans").combine_chunks()
+    lengths = spans_col.value_lengths().fill_null(0).to_numpy().astype(np.int64)
+    flat = spans_col.flatten()
+    index = {s: i for i, s in enumerate(sessions)}
+    request_session = np.array([index.get(s, -1) for s in requests.column("session_id").to_pylist()], np.int64)
+    session_ids = requests.column("session_id").to_pylist()
+    left_out = {s for s, c, n in zip(session_ids, request_session, lengths) if c < 0 and n > 0}
+    if left_out:
+        notes.append(f"{len(left_out)} session(s) of {where.name} have scored spans but no rows in positions.parquet "
+                     "and are left out")
+    session = np.repeat(request_session, lengths)
+    request = np.repeat(requests.column("request").to_numpy(zero_copy_only=False).astype(np.int64), lengths)
+    start = flat.field("start").to_numpy(zero_copy_only=False).astype(np.int64)
+    end = flat.field("end").to_numpy(zero_copy_only=False).astype(np.int64)
+    turn = flat.field("turn").to_numpy(zero_copy_only=False).astype(np.int64)
+    keep = session >= 0
+    session, request, start, end, turn = session[keep], request[keep], start[keep], end[keep], turn[keep]
+    order = np.lexsort((start, request, session))
+    spans = Spans(session=session[order], request=request[order], start=start[order], end=end[order], turn=turn[order])
+    bad = spans.end < spans.start
+    same_request = (spans.session[1:] == spans.session[:-1]) & (spans.request[1:] == spans.request[:-1])
+    bad[1:] |= same_request & (spans.start[1:] <= spans.end[:-1])
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise _run_error(where, f"session {sessions[spans.session[i]]} request {spans.request[i]} span "
+                         f"[{spans.start[i]}, {spans.end[i]}] is empty-reversed or overlaps the span before it; "
+                         "the run directory is inconsistent, re-run replay")
+    return spans
+
+
+def _assign_spans(session: np.ndarray, request: np.ndarray, pos: np.ndarray, spans: Spans) -> np.ndarray:
+    """For each anchor (sorted by session, request, pos): the index of the span [s, e) holding it, or -1."""
+    pair = session * (1 << 32) + request  # requests are int32 >= 0; sessions < 2^31
+    span_pair = spans.session * (1 << 32) + spans.request
+    pairs = np.unique(np.concatenate([pair, span_pair]))
+    # One coordinate per (session, request, position): pair rank * 2^31 + position.
+    coordinate = np.searchsorted(pairs, pair) * (1 << 31) + pos
+    span_start = np.searchsorted(pairs, span_pair) * (1 << 31) + spans.start
+    span_end = np.searchsorted(pairs, span_pair) * (1 << 31) + spans.end
+    index = np.searchsorted(span_start, coordinate, side="right") - 1
+    inside = (index >= 0) & (coordinate < span_end[np.maximum(index, 0)])
+    return np.where(inside, index, -1)
+
+
+def newest_run(root: str | Path = "reports") -> Path:
+    """The newest run directory under root: by run.json `created`, else by run.json's mtime."""
+    root = Path(root)
+    candidates = [d for d in root.iterdir() if (d / "run.json").is_file()] if root.is_dir() else []
+    if not candidates:
+        raise RunDirectoryError(f"{root}/: holds no run directory (a directory with run.json); pass RUN, "
+                                "or write one with `mtp-observe replay`")
+
+    def when(d: Path) -> tuple[float, str]:
+        try:
+            created = json.loads((d / "run.json").read_text()).get("created")
+            return datetime.fromisoformat(str(created).replace("Z", "+00:00")).timestamp(), d.name
+        except (ValueError, TypeError, OSError, AttributeError, json.JSONDecodeError):
+            return (d / "run.json").stat().st_mtime, d.name
+
+    return max(candidates, key=when)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. The draft cost: the speedup's denominator
+
+
+@dataclass(frozen=True)
+class Cost:
+    """speedup(K) = τ(K) / (1 + K·c + v(K)), in units of one target decode step."""
+
+    c: float  # cost of one draft step / one target decode step
+    verify_extra: np.ndarray  # [K] v(K) = verify(K+1 tokens) / decode(1 token) - 1, >= 0 (0 without a probe)
+    source: str  # "probe" | "draft-cost" | "roofline"
+    detail: str  # where the numbers came from, for people
+    notes: tuple[str, ...]
+
+
+def read_probe(path: str | Path) -> dict:
+    """probe.json (written by `mtp-observe probe`), checked; keys in probe.py's docstring."""
+    path = Path(path)
+    try:
+        probe = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise OptionError(f"--probe {path}: no such file; write one with `mtp-observe probe MODEL -o {path}`") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise OptionError(f"--probe {path}: cannot be read as JSON ({_one_line(e)}); re-run `mtp-observe probe`") from None
+    if not isinstance(probe, dict) or "probe_version" not in probe:
+        raise OptionError(f"--probe {path}: not a probe.json (no probe_version); write one with `mtp-observe probe MODEL`")
+    if not isinstance(probe["probe_version"], int) or probe["probe_version"] > PROBE_VERSION:
+        raise OptionError(f"--probe {path}: probe_version {probe['probe_version']!r} is newer than this mtp-observe reads "
+                          f"({PROBE_VERSION}); upgrade mtp-observe")
+    c = probe.get("draft_cost")
+    verify = probe.get("verify")
+    ok = _finite(c) and c > 0 and isinstance(verify, list) and all(
+        isinstance(v, dict) and isinstance(v.get("k"), int) and _finite(v.get("extra")) for v in verify)
+    if not ok:
+        raise OptionError(f"--probe {path}: draft_cost or verify is missing or not numeric; re-run `mtp-observe probe`")
+    return probe
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def verify_extra_from_probe(probe: dict, k: int) -> tuple[np.ndarray, str | None]:
+    """v(1..k) from probe.json's verify list; past the probe's largest K, extended linearly.
+
+    Clamped at 0: verifying K+1 tokens never costs less than decoding one, whatever the timer's noise.
+    """
+    measured = {int(v["k"]): float(v["extra"]) for v in probe["verify"] if int(v["k"]) >= 1}
+    v = np.zeros(k)
+    note = None
+    if not measured:
+        return v, "probe.json holds no verify timings: v(K) = 0"
+    top = max(measured)
+    slope = (measured[top] - measured[top - 1]) if top - 1 in measured else measured[top] / top
+    for K in range(1, k + 1):
+        if K in measured:
+            v[K - 1] = measured[K]
+        elif K > top:
+            v[K - 1] = measured[top] + (K - top) * slope
+        else:  # a gap below the probe's largest K: the nearest measured K above
+            v[K - 1] = measured[min(m for m in measured if m > K)]
+    if k > top:
+        note = f"the probe measured verify up to K={top}; v(K) for K>{top} is extended linearly"
+    return np.maximum(v, 0.0), note
+
+
+def resolve_cost(run: Run, probe: str | Path | None = None, draft_cost: float | None = None) -> Cost:
+    """c from --probe probe.json, else --draft-cost C, else the roofline in run.json (model.roofline.draft_cost).
+
+    With a probe, v(K) is measured: the extra time of one verify forward of K+1 tokens over one
+    decode step, in decode steps. Otherwise v = 0: decode at batch 1 is memory-bound, so a verify
+    of a few tokens reads the same weights as a decode step (ACCEPTANCE.md).
+    """
+    if probe is not None and draft_cost is not None:
+        raise OptionError("--probe and --draft-cost both give the draft cost; pass one of them")
+    if probe is not None:
+        data = read_probe(probe)
+        v, note = verify_extra_from_probe(data, run.k)
+        notes = [note] if note else []
+        if data.get("cpu"):
+            notes.append("the probe ran on a CPU: CPU figures do not stand for a GPU's")
+        run_sha = (run.manifest.get("model") or {}).get("config_sha256")
+        probe_sha = (data.get("model") or {}).get("config_sha256")
+        if run_sha and probe_sha and run_sha != probe_sha:
+            other = (data.get("model") or {}).get("path")
+            notes.append(f"the probe measured another model ({other}) than the run replayed")
+        if data.get("dtype") and run.manifest.get("dtype") and data["dtype"] != run.manifest["dtype"]:
+            notes.append(f"the probe ran at {data['dtype']}, the run replayed at {run.manifest['dtype']}")
+        detail = f"probe {probe}: {data.get('device', '?')} {data.get('dtype', '?')}, context {data.get('context', '?')}"
+        return Cost(c=float(data["draft_cost"]), verify_extra=v, source="probe", detail=detail, notes=tuple(notes))
+    if draft_cost is not None:
+        if not _finite(draft_cost) or draft_cost < 0:
+            raise OptionError(f"--draft-cost {draft_cost}: expected a finite number >= 0 (draft step / target decode step)")
+        return Cost(c=float(draft_cost), verify_extra=np.zeros(run.k), source="draft-cost",
+                    detail=f"--draft-cost {draft_cost}", notes=())
+    roofline = ((run.manifest.get("model") or {}).get("roofline") or {})
+    c = roofline.get("draft_cost")
+    if not _finite(c) or c < 0:
+        raise _run_error(run.path / "run.json",
+                         "has no model.roofline.draft_cost; pass --draft-cost C or --probe probe.json")
+    precision = roofline.get("precision", run.manifest.get("dtype", "?"))
+    return Cost(c=float(c), verify_extra=np.zeros(run.k), source="roofline",
+                detail=f"roofline at {precision}: head + lm_head bytes / target bytes", notes=())
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. The gate
+
+
+GATE_METRICS = {  # gate name -> (Rates field, depth-indexed by best K?)
+    "speedup": ("speedup", True),
+    "tau": ("tau", True),
+    "tau_sim": ("tau_sim", True),
+    "alpha1": ("alpha", False),
+}
+_GATE = re.compile(r"\s*([a-z_0-9]+)\s*>=\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*")
+DEFAULT_GATE = "speedup>=1"
+
+
+@dataclass(frozen=True)
+class Gate:
+    metric: str  # "speedup" | "tau" | "tau_sim" | "alpha1"
+    threshold: float
+    text: str  # as written, normalised: "speedup>=1.2"
+
+
+def parse_gate(text: str) -> Gate:
+    """'speedup>=1.2' -> Gate. Strict: METRIC>=NUMBER, nothing else (no '>', no unknown metric, no trailing text)."""
+    m = _GATE.fullmatch(text)
+    if m is None or m.group(1) not in GATE_METRICS:
+        raise OptionError(f"--gate {text!r}: expected METRIC>=NUMBER with METRIC one of "
+                          f"{', '.join(GATE_METRICS)} (e.g. --gate 'speedup>=1.2')")
+    return Gate(metric=m.group(1), threshold=float(m.group(2)), text=f"{m.group(1)}>={m.group(2)}")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str  # "GO" | "NO-GO" | "UNRELIABLE"
+    gate: Gate  # the gate judged (DEFAULT_GATE when none was given)
+    enforced: bool  # a gate was given: the exit code follows the verdict
+    k: int  # the best K, where the gated metric is read
+    value: float  # the gated metric at K
+    lower: float  # its bootstrap lower bound (what must clear the threshold)
+    on_policy: float
+    min_on_policy: float
+    reason: str  # one sentence for people
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if not self.enforced or self.status == "GO" else 1
+
+
+def judge(overall: "Slice", k: int, gate: Gate | None, min_on_policy: float) -> Verdict:
+    """GO when the lower bound of the gated metric at the best K clears the threshold; UNRELIABLE
+    (whatever the numbers) when the on-policy rate is below min_on_policy."""
+    enforced = gate is not None
+    gate = gate or parse_gate(DEFAULT_GATE)
+    field, by_k = GATE_METRICS[gate.metric]
+    at = k - 1 if by_k else 0
+    value = float(getattr(overall.value, field)[at])
+    lower = float(getattr(overall.lo, field)[at]) if overall.lo is not None else float("nan")
+    on_policy = float(overall.value.on_policy)
+    where = f"at K={k}" if by_k else "(depth 1)"
+    if not on_policy >= min_on_policy:
+        status = "UNRELIABLE"
+        reason = (f"on-policy rate {on_policy:.3f} < {min_on_policy:g}: the sessions were not generated by this target "
+                  "with greedy decoding, so acceptance against them does not predict serving")
+    elif lower >= gate.threshold:
+        status = "GO"
+        reason = f"{gate.metric} {where} = {value:.3f}, 95% lower bound {lower:.3f} >= {gate.threshold:g}"
+    else:
+        status = "NO-GO"
+        reason = f"{gate.metric} {where} = {value:.3f}, 95% lower bound {lower:.3f} < {gate.threshold:g}"
+    return Verdict(status=status, gate=gate, enforced=enforced, k=k, value=value, lower=lower, on_policy=on_policy,
+                   min_on_policy=min_on_policy, reason=reason)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. The summary
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One slice of the rows (all, a segment, a turn, a session): rates over K = 1..Kmax."""
+
+    name: str
+    anchors: int  # depth-1 rows in the slice
+    sessions: int  # sessions with at least one anchor in the slice
+    value: Rates  # token-weighted: the rates of the pooled counts; arrays [K] ([P, K] for tau_profile)
+    session_weighted: Rates | None  # the mean over sessions of each session's rates (None for one session)
+    lo: Rates | None  # bootstrap lower / upper percentile (None where not bootstrapped)
+    hi: Rates | None
+    replicates: Rates | None  # [B, ...] the bootstrap replicates, kept for baseline differences
+
+
+@dataclass(frozen=True)
+class Report:
+    path: Path
+    manifest: dict
+    k: int  # Kmax
+    profiles: tuple[str, ...]
+    cost: Cost
+    replicates: int  # bootstrap replicates B
+    seed: int
+    level: float  # interval level, 0.95
+    rows: int  # positions rows
+    overall: Slice
+    segments: tuple[Slice, ...]  # by the drafted token's segment; bootstrapped
+    turns: tuple[Slice, ...]  # by turn index (name "0", "1", ...); point estimates
+    sessions: tuple[Slice, ...]  # one per session, in input order; point estimates
+    best_k: int  # argmax of the token-weighted speedup
+    verdict: Verdict
+    notes: tuple[str, ...]
+
+
+def tally(run: Run, row_group: np.ndarray, n_groups: int, span_group: np.ndarray | None, steps: np.ndarray) -> Counts:
+    """Counts per group: row_group [R] and span_group [N] (None: spans not counted, τ_sim NaN) -> Counts [G, ...].
+
+    steps: [N, K] simulated decode steps of each span at K = 1..Kmax.
+    """
+    K = run.k
+    r = run.rows
+    cell = row_group * K + (r.depth - 1)
+
+    def per_cell(weights=None) -> np.ndarray:
+        return np.bincount(cell, weights=weights, minlength=n_groups * K).reshape(n_groups, K)
+
+    first = r.depth == 1
+    p_accept = [per_cell(np.where(r.on_path, r.p_accept[:, i], 0.0)) for i in range(len(run.profiles))]
+    if span_group is None:
+        span_tokens, span_steps = np.zeros(n_groups, dtype=np.int64), np.zeros((n_groups, K), dtype=np.int64)
+    else:
+        span_tokens = np.bincount(span_group, weights=run.spans.end - run.spans.start, minlength=n_groups)
+        span_steps = np.stack([np.bincount(span_group, weights=steps[:, k], minlength=n_groups) for k in range(K)], axis=-1)
+    return Counts(
+        evaluable=per_cell().astype(np.int64),
+        on_path=per_cell(r.on_path).astype(np.int64),
+        accepted=per_cell(r.accepted).astype(np.int64),
+        p_accept=np.stack(p_accept, axis=1) if p_accept else np.zeros((n_groups, 0, K)),
+        on_policy=np.bincount(row_group[first], weights=r.on_policy[first], minlength=n_groups).astype(np.int64),
+        span_tokens=np.asarray(span_tokens).astype(np.int64),
+        steps=np.asarray(span_steps).astype(np.int64),
+    )
+
+
+def simulated_steps(run: Run) -> np.ndarray:
+    """[N, K] steps of the simulated decode of every span at K = 1..Kmax."""
+    span_len = run.spans.end - run.spans.start
+    return np.stack([simulate_decode(run.accepted_len, span_len, k) for k in range(1, run.k + 1)], axis=-1)
+
+
+def _slice(name: str, per_session: Counts, cost: Cost, weights: np.ndarray | None, level: float) -> Slice:
+    """per_session: Counts [S, ...] of one slice -> its token-weighted, session-weighted and bootstrapped rates."""
+    present = per_session.evaluable[:, 0] > 0
+    value = rates(per_session.total(), cost.c, cost.verify_extra)
+    session_weighted = rates(per_session.take(present), cost.c, cost.verify_extra).map(nanmean)
+    lo = hi = replicates = None
+    if weights is not None:
+        replicates = rates(per_session.resample(weights), cost.c, cost.verify_extra)
+        bounds = {f: percentile_interval(getattr(replicates, f), level) for f in RATE_FIELDS}
+        lo = Rates(**{f: b[0] for f, b in bounds.items()})
+        hi = Rates(**{f: b[1] for f, b in bounds.items()})
+    return Slice(name=name, anchors=int(per_session.evaluable[:, 0].sum()), sessions=int(present.sum()), value=value,
+                 session_weighted=session_weighted, lo=lo, hi=hi, replicates=replicates)
+
+
+def summarize(
+    run: Run,
+    cost: Cost,
+    *,
+    replicates: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+    gate: Gate | None = None,
+    min_on_policy: float = 0.9,
+) -> Report:
+    """Every metric, slice, interval and the verdict for one run (ACCEPTANCE.md, 'Metrics')."""
+    assert replicates >= 1, replicates
+    S, K, G = len(run.sessions), run.k, len(run.segments)
+    steps = simulated_steps(run)
+    weights = bootstrap_weights(S, replicates, seed)  # [B, S]
+
+    # 1. All rows, counted per session: token-weighted = pooled, session-weighted = mean of sessions.
+    per_session = tally(run, run.rows.session, S, run.spans.session, steps)
+    overall = _slice("all", per_session, cost, weights, level)
+
+    # 2. By segment of the drafted token, per session so the bootstrap resamples sessions.
+    by_segment = tally(run, run.rows.session * G + run.rows.segment, S * G, None, steps)
+    by_segment = Counts(**{f: v.reshape((S, G) + v.shape[1:]) for f, v in vars(by_segment).items()})
+    segments = tuple(
+        _slice(run.segments[g], by_segment.take((slice(None), g)), cost, weights, level)
+        for g in range(G) if by_segment.evaluable[:, g, 0].sum() > 0
+    )
+
+    # 3. By turn index: point estimates (token- and session-weighted), no bootstrap. Counted per
+    #    (session, turn) pair that occurs, so long sessions with many turns stay small.
+    pairs, span_pair = np.unique(np.stack([run.spans.session, run.spans.turn], axis=1), axis=0, return_inverse=True)
+    span_pair = span_pair.reshape(-1)  # [N] the (session, turn) pair of each span
+    pair_turn = pairs[:, 1]  # [pairs]
+    anchor_span = np.repeat(np.arange(len(run.spans.start)), run.spans.end - run.spans.start)  # [A] span of each anchor
+    row_pair = span_pair[anchor_span][run.rows.anchor]  # [R]
+    by_pair = tally(run, row_pair, len(pairs), span_pair, steps)
+    turns = tuple(
+        _slice(str(int(t)), by_pair.take(np.flatnonzero(pair_turn == t)), cost, None, level)
+        for t in np.unique(pair_turn) if by_pair.evaluable[pair_turn == t, 0].sum() > 0
+    )
+
+    # 4. Per session: its own rates (no interval: the bootstrap unit is the session).
+    session_rates = rates(per_session, cost.c, cost.verify_extra)
+    sessions = tuple(
+        Slice(name=run.sessions[s], anchors=int(per_session.evaluable[s, 0]), sessions=1,
+              value=session_rates.map(lambda a, s=s: a[s]), session_weighted=None, lo=None, hi=None, replicates=None)
+        for s in range(S)
+    )
+
+    k = best_k(overall.value.speedup)
+    verdict = judge(overall, k, gate, min_on_policy)
+    return Report(
+        path=run.path, manifest=run.manifest, k=K, profiles=run.profiles, cost=cost, replicates=replicates, seed=seed,
+        level=level, rows=len(run.rows.depth), overall=overall, segments=segments, turns=turns, sessions=sessions,
+        best_k=k, verdict=verdict, notes=run.notes + cost.notes,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Against a baseline
+
+
+@dataclass(frozen=True)
+class Delta:
+    """current - baseline for one slice, over K = 1..min(Kmax) and the profiles both runs have."""
+
+    name: str
+    current: Slice
+    baseline: Slice
+    value: Rates  # current - baseline (token-weighted)
+    lo: Rates | None  # the difference's bootstrap interval (None where the slices were not bootstrapped)
+    hi: Rates | None
+    flagged: tuple[str, ...]  # metrics whose difference interval excludes 0, e.g. "tau@K=2", "alpha@k=1", "on_policy"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    baseline_path: Path
+    k: int  # depths compared: min of the two runs' Kmax
+    profiles: tuple[str, ...]  # profiles both runs have
+    overall: Delta
+    segments: tuple[Delta, ...]  # segments both runs have
+    turns: tuple[Delta, ...]  # turns both runs have (no intervals, never flagged)
+
+
+def _restrict(r: Rates, k: int, profile_index: list[int]) -> Rates:
+    def cut(field: str, a: np.ndarray) -> np.ndarray:
+        if field == "on_policy":
+            return a
+        a = a[..., :k]
+        return a[..., profile_index, :] if field == "tau_profile" else a
+
+    return Rates(**{f: cut(f, getattr(r, f)) for f in RATE_FIELDS})
+
+
+def _delta(cur: Slice, base: Slice, k: int, cur_p: list[int], base_p: list[int], level: float) -> Delta:
+    value = Rates(**{f: getattr(_restrict(cur.value, k, cur_p), f) - getattr(_restrict(base.value, k, base_p), f)
+                     for f in RATE_FIELDS})
+    lo = hi = None
+    flagged: list[str] = []
+    if cur.replicates is not None and base.replicates is not None:
+        # Replicate b of each run resamples its own sessions with the same seed: for runs over the same
+        # sessions this is the paired bootstrap of the difference, otherwise an independent one.
+        c, b = _restrict(cur.replicates, k, cur_p), _restrict(base.replicates, k, base_p)
+        bounds = {f: percentile_interval(getattr(c, f) - getattr(b, f), level) for f in RATE_FIELDS}
+        lo = Rates(**{f: v[0] for f, v in bounds.items()})
+        hi = Rates(**{f: v[1] for f, v in bounds.items()})
+        for f in RATE_FIELDS:
+            outside = (getattr(lo, f) > 0) | (getattr(hi, f) < 0)
+            for index in zip(*np.nonzero(np.atleast_1d(outside))):
+                flagged.append(_metric_label(f, index))
+    return Delta(name=cur.name, current=cur, baseline=base, value=value, lo=lo, hi=hi, flagged=tuple(flagged))
+
+
+def _metric_label(field: str, index: tuple) -> str:
+    if field == "on_policy":
+        return "on_policy"
+    if field == "tau_profile":
+        return f"tau_profile[{index[0]}]@K={index[1] + 1}"
+    return f"{field}@{'k' if field in ('alpha', 'accept_rate') else 'K'}={index[0] + 1}"
+
+
+def compare(current: Report, baseline: Report) -> Comparison:
+    """The current report's slices as differences from the baseline's (same seed and replicate count needed
+    for the intervals: both come from the same command line)."""
+    k = min(current.k, baseline.k)
+    profiles = tuple(p for p in current.profiles if p in baseline.profiles)
+    cur_p = [current.profiles.index(p) for p in profiles]
+    base_p = [baseline.profiles.index(p) for p in profiles]
+
+    def pair(cur: tuple[Slice, ...], base: tuple[Slice, ...]) -> tuple[Delta, ...]:
+        by_name = {s.name: s for s in base}
+        return tuple(_delta(s, by_name[s.name], k, cur_p, base_p, current.level) for s in cur if s.name in by_name)
+
+    return Comparison(
+        baseline_path=baseline.path, k=k, profiles=profiles,
+        overall=_delta(current.overall, baseline.overall, k, cur_p, base_p, current.level),
+        segments=pair(current.segments, baseline.segments), turns=pair(current.turns, baseline.turns),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. The whole command: read, cost, summarise, compare
+
+
+@dataclass(frozen=True)
+class Reading:
+    run: Run
+    report: Report
+    comparison: Comparison | None  # None without a baseline
+
+
+def read_and_summarize(
+    path: str | Path | None = None,
+    *,
+    baseline: str | Path | None = None,
+    probe: str | Path | None = None,
+    draft_cost: float | None = None,
+    gate: Gate | None = None,
+    min_on_policy: float = 0.9,
+    replicates: int = 1000,
+    seed: int = 0,
+    root: str | Path = "reports",
+) -> Reading:
+    """What `mtp-observe report` computes. The run defaults to the newest under root. An explicit cost
+    (--probe, --draft-cost) applies to the baseline too, so differences come from acceptance alone;
+    otherwise each run uses its own roofline."""
+    if replicates < 1:
+        raise OptionError(f"--replicates {replicates}: expected at least 1 bootstrap resample")
+    if not 0.0 <= min_on_policy <= 1.0:
+        raise OptionError(f"--min-on-policy {min_on_policy}: expected a rate between 0 and 1")
+    run = load_run(path if path is not None else newest_run(root))
+    options = dict(replicates=replicates, seed=seed, gate=gate, min_on_policy=min_on_policy)
+    report = summarize(run, resolve_cost(run, probe, draft_cost), **options)
+    comparison = None
+    if baseline is not None:
+        base_run = load_run(baseline)
+        base = summarize(base_run, resolve_cost(base_run, probe, draft_cost), **options)
+        comparison = compare(report, base)
+    return Reading(run=run, report=report, comparison=comparison)
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. JSON (`--format json`; the keys are documented in README.md, "report JSON")
+
+
+def _num(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def rates_json(r: Rates, profiles: tuple[str, ...]) -> dict:
+    """A Rates of [K] arrays -> {"alpha": [K], "accept_rate": [K], "tau": [K], "tau_sim": [K],
+    "tau_profile": {profile: [K]}, "speedup": [K], "on_policy": x}; NaN -> null."""
+    def seq(a):
+        return [_num(v) for v in np.asarray(a)]
+
+    return {
+        "alpha": seq(r.alpha), "accept_rate": seq(r.accept_rate), "tau": seq(r.tau), "tau_sim": seq(r.tau_sim),
+        "tau_profile": {p: seq(r.tau_profile[i]) for i, p in enumerate(profiles)},
+        "speedup": seq(r.speedup), "on_policy": _num(r.on_policy),
+    }
+
+
+def slice_json(s: Slice, profiles: tuple[str, ...]) -> dict:
+    def maybe(r):
+        return rates_json(r, profiles) if r is not None else None
+
+    return {"name": s.name, "anchors": s.anchors, "sessions": s.sessions, "value": rates_json(s.value, profiles),
+            "lo": maybe(s.lo), "hi": maybe(s.hi), "session_weighted": maybe(s.session_weighted)}
+
+
+def delta_json(d: Delta, profiles: tuple[str, ...]) -> dict:
+    def maybe(r):
+        return rates_json(r, profiles) if r is not None else None
+
+    return {"name": d.name, "value": rates_json(d.value, profiles), "lo": maybe(d.lo), "hi": maybe(d.hi),
+            "flagged": list(d.flagged)}
+
+
+def report_json(report: Report, comparison: Comparison | None = None) -> dict:
+    m = report.manifest
+    model = m.get("model") or {}
+    k = report.best_k
+    o = report.overall
+    v = report.verdict
+
+    def at(r: Rates | None, field: str) -> float | None:
+        return _num(getattr(r, field)[k - 1]) if r is not None else None
+
+    return {
+        "report_version": REPORT_VERSION,
+        "run": {
+            "path": str(report.path), "status": m.get("status"), "created": m.get("created"),
+            "model": model.get("path"), "dtype": m.get("dtype"), "device": m.get("device"), "k": report.k,
+            "profiles": list(report.profiles), "sessions": len(report.sessions), "anchors": o.anchors,
+            "rows": report.rows,
+        },
+        "cost": {"source": report.cost.source, "c": report.cost.c,
+                 "verify_extra": [float(x) for x in report.cost.verify_extra], "detail": report.cost.detail},
+        "bootstrap": {"replicates": report.replicates, "seed": report.seed, "level": report.level},
+        "k": list(range(1, report.k + 1)),
+        "overall": slice_json(o, report.profiles),
+        "best": {
+            "k": k, "speedup": at(o.value, "speedup"), "speedup_lo": at(o.lo, "speedup"), "speedup_hi": at(o.hi, "speedup"),
+            "tau": at(o.value, "tau"), "tau_lo": at(o.lo, "tau"), "tau_hi": at(o.hi, "tau"),
+            "tau_sim": at(o.value, "tau_sim"), "tau_sim_lo": at(o.lo, "tau_sim"), "tau_sim_hi": at(o.hi, "tau_sim"),
+        },
+        "on_policy": {"rate": _num(o.value.on_policy), "lo": _num(o.lo.on_policy) if o.lo else None,
+                      "hi": _num(o.hi.on_policy) if o.hi else None, "min": v.min_on_policy},
+        "verdict": {"status": v.status, "gate": v.gate.text, "enforced": v.enforced, "metric": v.gate.metric,
+                    "threshold": v.gate.threshold, "k": v.k, "value": _num(v.value), "lower": _num(v.lower),
+                    "reason": v.reason, "exit_code": v.exit_code},
+        "slices": {
+            "segment": [slice_json(s, report.profiles) for s in report.segments],
+            "turn": [slice_json(s, report.profiles) for s in report.turns],
+            "session": [slice_json(s, report.profiles) for s in report.sessions],
+        },
+        "notes": list(report.notes),
+        "baseline": None if comparison is None else {
+            "path": str(comparison.baseline_path), "k": comparison.k, "profiles": list(comparison.profiles),
+            "overall": delta_json(comparison.overall, comparison.profiles),
+            "slices": {"segment": [delta_json(d, comparison.profiles) for d in comparison.segments],
+                       "turn": [delta_json(d, comparison.profiles) for d in comparison.turns]},
+        },
+    }
