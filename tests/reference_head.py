@@ -30,9 +30,8 @@ CORRECT = Reading()
 
 
 def norm(x, w, eps, reading: Reading):
-    x = x.float()
     y = x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
-    return y * (w.float() if reading.plain_norm else (1.0 + w.float()))
+    return y * (w if reading.plain_norm else (1.0 + w))
 
 
 def rope(x, pos, d, rotary_dim, theta, reading: Reading):
@@ -41,7 +40,7 @@ def rope(x, pos, d, rotary_dim, theta, reading: Reading):
     out = x.clone()
     for i in range(r // 2):
         inv = theta ** (-(2 * i) / r)
-        ang = pos.float() * inv
+        ang = pos.to(x.dtype) * inv
         c, s = torch.cos(ang), torch.sin(ang)
         a, b = (2 * i, 2 * i + 1) if reading.interleaved_rotary else (i, i + r // 2)
         out[:, a] = x[:, a] * c - x[:, b] * s
@@ -50,11 +49,12 @@ def rope(x, pos, d, rotary_dim, theta, reading: Reading):
 
 
 class ReferenceHead:
-    def __init__(self, W: dict, geometry, embed, lm_head, reading: Reading = CORRECT):
-        self.W = {k: v.float() for k, v in W.items()}
+    def __init__(self, W: dict, geometry, embed, lm_head, reading: Reading = CORRECT, dtype=torch.float32):
+        self.dtype = dtype
+        self.W = {k: v.to(dtype) for k, v in W.items()}
         self.g = geometry
-        self.embed = embed.float()
-        self.lm_head = lm_head.float()
+        self.embed = embed.to(dtype)
+        self.lm_head = lm_head.to(dtype)
         self.r = reading
 
     def layer(self, tok, hid, pos):
@@ -63,14 +63,14 @@ class ReferenceHead:
         eps = g.rms_norm_eps
         e = self.embed[tok]
         if r.one_norm_over_2h:
-            joined = torch.cat([e, hid.float()], -1)
+            joined = torch.cat([e, hid.to(self.dtype)], -1)
             w = torch.cat([W["pre_fc_norm_embedding.weight"], W["pre_fc_norm_hidden.weight"]])
             x = norm(joined, w, eps, r)
             if r.concat_reversed:
                 x = torch.cat([x[:, g.hidden_size:], x[:, : g.hidden_size]], -1)
         else:
             en = norm(e, W["pre_fc_norm_embedding.weight"], eps, r)
-            hn = norm(hid, W["pre_fc_norm_hidden.weight"], eps, r)
+            hn = norm(hid.to(self.dtype), W["pre_fc_norm_hidden.weight"], eps, r)
             x = torch.cat([hn, en] if r.concat_reversed else [en, hn], -1)
         z = x @ W["fc.weight"].T
         n, d, nh, nkv = z.shape[0], g.head_dim, g.num_heads, g.num_kv_heads
@@ -105,7 +105,7 @@ class ReferenceHead:
         """
         p = anchor
         tok_rows = ids[:p] if self.r.pair_same_position else ids[1 : p + 1]  # row j pairs h_j with x_{j+1}
-        hid_rows = hidden[:p].float()
+        hid_rows = hidden[:p].to(self.dtype)
         pos = torch.arange(p)
         tokens, logits = [], []
         m = None

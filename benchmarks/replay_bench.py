@@ -1,0 +1,171 @@
+"""Replay cost against the bare target prefill, on one fixed workload, ratios in one run.
+
+    python benchmarks/replay_bench.py [--sessions N] [--threads T] [--device cpu|cuda] [--dtype ...] [--json OUT]
+                                      [--dims small|0.8b|27b] [--layers L]
+
+Workload: a Qwen3.5-shaped model with the real vocabulary (248,320) written with random weights
+(`--dims small`, the default, has reduced depth and width so it runs on a laptop CPU; `0.8b` and
+`27b` use the real Qwen3.5-0.8B / -27B widths for a GPU), replaying the first N tau-bench sessions
+of ../shared/sessions-public (or, without that folder, the deterministic sessions of
+sessions_bench.py). Reported in one run:
+
+    replay      the pipeline's replay of every request (target prefill, head row pass and chain,
+                lm_head reductions at the rows' positions, rows)
+    prefill     the bare target prefill on the same requests (hidden states only, no lm_head)
+    ratio       replay / prefill
+    FLOP floor  the same ratio computed from FLOPs alone (matmuls and attention; what the replay
+                must do beyond the prefill: head rows, chain steps, lm_head at scored positions)
+    tokens/s    replayed tokens per second; peak RSS (and peak GPU memory on CUDA)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mtp_observe.pipeline import load_model, replay_request, resolve_device, resolve_dtype  # noqa: E402
+from mtp_observe.rendering import Renderer  # noqa: E402
+from mtp_observe.sessions import read_sessions  # noqa: E402
+from mtp_observe.synthetic import SyntheticSpec, write_synthetic_checkpoint  # noqa: E402
+from mtp_observe.target import BUILTIN_PROFILES, prefill_hidden  # noqa: E402
+
+DIMS = {
+    # reduced width and depth, real vocabulary, the real 3:1 linear/full layer pattern
+    "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, full_attention_interval=4,
+                  num_attention_heads=4, num_key_value_heads=1, head_dim=64, linear_num_key_heads=2,
+                  linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64),
+    "0.8b": dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, full_attention_interval=4,
+                 num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+                 linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128, tie_word_embeddings=True),
+    "27b": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=64, full_attention_interval=4,
+                num_attention_heads=24, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+                linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128),
+}
+
+
+def sessions_file(work: Path, n: int) -> Path:
+    shared = Path(__file__).resolve().parents[2] / "shared" / "sessions-public" / "tau-bench_gpt-4o-airline"
+    out = work / "sessions.jsonl"
+    if shared.is_dir():
+        tools = json.loads((shared / "tools_airline.openai.json").read_text())
+        data = json.loads((shared / "gpt-4o-airline.json").read_text())[:n]
+        out.write_text("".join(json.dumps({"id": f"{s['task_id']}-{s['trial']}", "messages": s["traj"], "tools": tools}) + "\n" for s in data))
+    else:
+        import random
+
+        from sessions_bench import session
+
+        rng = random.Random(0)
+        out.write_text("".join(json.dumps(session(rng, i)) + "\n" for i in range(n)))
+    return out
+
+
+def flops(model, requests, k: int) -> tuple[float, float]:
+    """(bare prefill FLOPs, replay FLOPs) for these requests: 2 x weights per token plus attention."""
+    cfg = model.target.config
+    g = model.head.geometry
+    H, V = g.hidden_size, g.vocab_size
+    trunk = sum(p.numel() for n, p in model.target.model.named_parameters() if "embed_tokens" not in n)
+    head = sum(getattr(model.head, n).numel() for n in ("fc", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+    full_layers = sum(t == "full_attention" for t in cfg.layer_types)
+
+    def attention(queries: float, keys: float, heads: int, d: int) -> float:
+        return 4.0 * queries * keys * heads * d  # QK^T and PV
+
+    prefill = replay = 0.0
+    for r in requests:
+        n = len(r.input_ids)
+        pre = 2.0 * trunk * n + full_layers * attention(n, n / 2, cfg.num_attention_heads, cfg.head_dim)
+        positions = set()
+        anchors = rows = chain = 0.0
+        for sp in r.spans:
+            for p in range(max(sp.start, 1), sp.end):
+                depth = min(k, sp.end - p)
+                anchors += 1
+                rows += depth
+                chain += (depth - 1) * (2.0 * head + attention(1, p + depth, g.num_heads, g.head_dim))
+                positions.update(range(p, p + depth))
+        head_rows = 2.0 * head * n + attention(n, n / 2, g.num_heads, g.head_dim)
+        lm = 2.0 * V * H * (len(positions) + rows)  # target at each distinct position, head at each (anchor, depth)
+        prefill += pre
+        replay += pre + head_rows + chain + lm
+    return prefill, replay
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sessions", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--dims", default="small", choices=sorted(DIMS))
+    ap.add_argument("--layers", type=int, default=None, help="override the number of target layers")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--chunk-size", type=int, default=2048)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    work = Path(tempfile.mkdtemp(prefix="replay-bench-"))
+    dims = dict(DIMS[args.dims])
+    if args.layers:
+        dims["num_hidden_layers"] = args.layers
+    spec = SyntheticSpec(vocab_size=248_320, shards=1, dtype="bfloat16" if dtype == torch.bfloat16 else "float32", **dims)
+    t0 = time.time()
+    model_dir = write_synthetic_checkpoint(work / "model", spec)
+    print(f"model written in {time.time() - t0:.0f} s: {args.dims} dims, vocab 248,320, {spec.num_hidden_layers} layers")
+    model = load_model(model_dir, device=device, dtype=dtype)
+    renderer = Renderer.from_model_dir(model_dir)
+    requests = [r for s in read_sessions([sessions_file(work, args.sessions)]) for r in renderer.render(s).requests]
+    tokens = sum(len(r.input_ids) for r in requests)
+    scored = sum(sp.end - sp.start + 1 for r in requests for sp in r.spans)
+
+    def sync():
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    # Warm-up on the smallest request, then each measurement over every request.
+    smallest = min(requests, key=lambda r: len(r.input_ids))
+    replay_request(model, smallest, args.k, BUILTIN_PROFILES, args.chunk_size)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    sync()
+    t0 = time.perf_counter()
+    for r in requests:
+        prefill_hidden(model.target, torch.tensor(r.input_ids), chunk_size=args.chunk_size)
+    sync()
+    prefill_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for r in requests:
+        replay_request(model, r, args.k, BUILTIN_PROFILES, args.chunk_size)
+    sync()
+    replay_s = time.perf_counter() - t0
+    f_prefill, f_replay = flops(model, requests, args.k)
+    result = {
+        "dims": args.dims, "layers": spec.num_hidden_layers, "device": device, "dtype": str(dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(), "k": args.k, "requests": len(requests), "tokens": tokens, "scored_tokens": scored,
+        "replay_s": round(replay_s, 2), "prefill_s": round(prefill_s, 2), "ratio": round(replay_s / prefill_s, 2),
+        "flop_floor_ratio": round(f_replay / f_prefill, 2), "tokens_per_s": round(tokens / replay_s, 1),
+        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
+    }
+    if device.startswith("cuda"):
+        result["peak_gpu_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
+        result["mfu"] = round(f_replay / replay_s / 989e12, 4)  # vs dense bf16 peak of an H100/H200
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
