@@ -35,12 +35,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from . import __version__
 from .errors import OptionError, RunDirectoryError
 from .metrics import (
     RATE_FIELDS, Counts, Rates, best_k, bootstrap_weights, nanmean, percentile_interval, rates, simulate_decode,
 )
-from .tables import SCHEMA_VERSION, SEGMENTS
+from .tables import SEGMENTS, _one_line, _run_error, read_manifest
 
 REPORT_VERSION = 1  # the "report_version" of report_json; bump on an incompatible key change
 PROBE_VERSION = 1  # the "probe_version" probe.json carries (written by probe.py)
@@ -92,50 +91,6 @@ class Run:
     spans: Spans
     accepted_len: np.ndarray  # [A] int64  accepted length at each anchor, in row order (= span order)
     notes: tuple[str, ...]  # what the reader noticed (partial run, sessions left out)
-
-
-def _run_error(path: Path, what: str) -> RunDirectoryError:
-    return RunDirectoryError(f"{path}: {what}")
-
-
-def read_manifest(path: Path) -> dict:
-    """run.json, checked far enough to trust schema_version, k and sampling."""
-    path = Path(path)
-    if not path.is_dir():
-        raise _run_error(path, "no such run directory; pass a directory written by `mtp-observe replay` "
-                               "(it holds run.json)")
-    manifest_path = path / "run.json"
-    if not manifest_path.is_file():
-        raise _run_error(manifest_path, "missing; this is not a run directory written by `mtp-observe replay`")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _run_error(manifest_path, f"cannot be read as JSON ({_one_line(e)}); the run directory is damaged") from None
-    if not isinstance(manifest, dict):
-        raise _run_error(manifest_path, "is not a JSON object; the run directory is damaged")
-    version = manifest.get("schema_version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise _run_error(manifest_path,
-                         f"schema_version {version!r} is not a version this tool wrote; not an mtp-observe run")
-    if version > SCHEMA_VERSION:
-        raise _run_error(
-            manifest_path,
-            f"schema_version {version} is newer than this mtp-observe {__version__} reads ({SCHEMA_VERSION}); "
-            "upgrade mtp-observe to read it",
-        )
-    k = manifest.get("k")
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise _run_error(manifest_path,
-                         f"k is {k!r}, expected the replayed Kmax (an integer >= 1); the run directory is damaged")
-    sampling = manifest.get("sampling", {})
-    if not isinstance(sampling, dict) or not all(isinstance(p, str) and p for p in sampling):
-        raise _run_error(manifest_path, "sampling is not an object of profile names; the run directory is damaged")
-    return manifest
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 def read_dataset(path: Path, columns: list[str], status: str, filter=None) -> pa.Table:

@@ -46,6 +46,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .errors import RunDirectoryError
+
 SCHEMA_VERSION = 1
 SEGMENTS = ["reasoning", "text", "tool_call", "end"]
 
@@ -153,22 +155,54 @@ POSITIONS = "positions.parquet"
 _RUN_ENTRIES = {MANIFEST, REQUESTS, POSITIONS}
 
 
-def read_manifest(run_dir: Path) -> dict:
-    from .errors import RunDirectoryError
+def _run_error(path: Path, what: str) -> RunDirectoryError:
+    return RunDirectoryError(f"{path}: {what}")
 
-    path = Path(run_dir) / MANIFEST
-    if not path.exists():
-        raise RunDirectoryError(f"{run_dir}: no run.json; this is not an mtp-observe run directory")
+
+def read_manifest(path: Path) -> dict:
+    """run.json, checked far enough to trust schema_version, k and sampling."""
+    path = Path(path)
+    if not path.is_dir():
+        raise _run_error(path, "no such run directory; pass a directory written by `mtp-observe replay` "
+                               "(it holds run.json)")
+    manifest_path = path / "run.json"
+    if not manifest_path.is_file():
+        raise _run_error(manifest_path, "missing; this is not a run directory written by `mtp-observe replay`")
     try:
-        manifest = json.loads(path.read_text())
-    except ValueError as e:
-        raise RunDirectoryError(f"{path}: unreadable manifest ({e}); the run directory is damaged")
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _run_error(manifest_path, f"cannot be read as JSON ({_one_line(e)}); the run directory is damaged") from None
+    if not isinstance(manifest, dict):
+        raise _run_error(manifest_path, "is not a JSON object; the run directory is damaged")
     version = manifest.get("schema_version")
-    if not isinstance(version, int) or version > SCHEMA_VERSION:
-        raise RunDirectoryError(
-            f"{path}: schema_version {version!r} is newer than this mtp-observe understands ({SCHEMA_VERSION}); upgrade mtp-observe"
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise _run_error(manifest_path,
+                         f"schema_version {version!r} is not a version this tool wrote; not an mtp-observe run")
+    if version > SCHEMA_VERSION:
+        raise _run_error(
+            manifest_path,
+            f"schema_version {version} is newer than this mtp-observe {_tool_version()} reads ({SCHEMA_VERSION}); "
+            "upgrade mtp-observe to read it",
         )
+    k = manifest.get("k")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise _run_error(manifest_path,
+                         f"k is {k!r}, expected the replayed Kmax (an integer >= 1); the run directory is damaged")
+    sampling = manifest.get("sampling", {})
+    if not isinstance(sampling, dict) or not all(isinstance(p, str) and p for p in sampling):
+        raise _run_error(manifest_path, "sampling is not an object of profile names; the run directory is damaged")
     return manifest
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def _tool_version() -> str:
+    from . import __version__
+
+    return __version__
 
 
 def prepare_run_directory(run_dir: Path, resume: bool, overwrite: bool) -> dict | None:
@@ -178,8 +212,6 @@ def prepare_run_directory(run_dir: Path, resume: bool, overwrite: bool) -> dict 
     --overwrite only ever deletes what a run writes, never a directory holding anything else.
     """
     import shutil
-
-    from .errors import RunDirectoryError
 
     run_dir = Path(run_dir)
     if resume and overwrite:
