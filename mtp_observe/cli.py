@@ -259,11 +259,14 @@ def replay(
     out_path = out_dir or default_run_dir()
     opts = ReplayOptions(k=k, chunk_size=chunk_size, device=device, dtype=dtype, profiles=_parse_sampling(sampling or []),
                          on_error=on_error, max_sessions=max_sessions, resume=resume, overwrite=overwrite)
+    rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
     with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TextColumn("sessions"),
                   TextColumn("{task.fields[tokens]}"), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
-                  console=err, transient=False) as progress:
-        run_dir = run_replay(files, model_dir, out_path, opts, bundled=bundled, observer=_ProgressObserver(progress))
-    _print_replay_summary(run_dir)
+                  console=err, transient=False, disable=not rank0) as progress:
+        run_dir = run_replay(files, model_dir, out_path, opts, bundled=bundled,
+                             observer=_ProgressObserver(progress) if rank0 else None)
+    if rank0:
+        _print_replay_summary(run_dir)
 
 
 def _print_replay_summary(run_dir: Path) -> None:

@@ -200,46 +200,144 @@ def _check_options(opts: ReplayOptions) -> None:
         raise OptionError(f"--sampling: profile names repeat ({', '.join(names)}); give each a distinct name")
 
 
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in a torchrun job (rank 0 of 1 without one). Sessions are dealt round-robin."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    def owns(self, session_index: int) -> bool:
+        return session_index % self.world == self.rank
+
+    def gather(self, obj) -> list:
+        """Every rank's obj, in rank order, on every rank."""
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def from_rank0(self, obj):
+        if self.world == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def ranks_from_env(device: str) -> Ranks:
+    """Join the torchrun job if there is one (WORLD_SIZE > 1): gloo on CPU, nccl on CUDA."""
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Ranks()
+    import datetime
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(hours=6))
+    return Ranks(rank=dist.get_rank(), world=dist.get_world_size(), local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+
+
 def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool = False, observer: Observer | None = None) -> Path:
-    """Replay sessions into a run directory (PRODUCT.md's contract). Returns the run directory."""
-    import platform
-    import time
+    """Replay sessions into a run directory (PRODUCT.md's contract). Returns the run directory.
 
-    import transformers
-
-    from . import __version__, tables
+    Under torchrun every rank replays the sessions it owns (input index modulo world size) and
+    writes their parts; rank 0 prepares the directory, gathers counts and errors once every rank
+    has finished, and writes the manifest. Part names depend on the session alone, so a run's
+    files are the same whatever the number of ranks.
+    """
     from .checkpoint import tokenizer_sha256
-    from .errors import InputError, RunDirectoryError
-    from .inventory import take_inventory
-    from .rendering import Renderer
-    from .sessions import SessionError, Skipped, read_sessions
+    from .errors import InputError, UserError
     from .target import BUILTIN_PROFILES
 
     observer = observer or Observer()
-    profiles = tuple(opts.profiles) or BUILTIN_PROFILES
-    opts = ReplayOptions(**{**opts.__dict__, "profiles": profiles})
+    opts = ReplayOptions(**{**opts.__dict__, "profiles": tuple(opts.profiles) or BUILTIN_PROFILES})
     _check_options(opts)
     files = [Path(f) for f in files]
     for f in files:
         if not f.is_file():
             raise InputError(f"{f}: no such file; pass JSONL session files (e.g. sessions/*.jsonl)")
     device = resolve_device(opts.device)
+    ranks = ranks_from_env(device)
+    out = Path(ranks.from_rank0(str(out)))  # a default --out carries rank 0's timestamp to every rank
+    if ranks.world > 1 and device.startswith("cuda") and ":" not in device:
+        device = f"cuda:{ranks.local_rank}"
     dtype = resolve_dtype(opts.dtype, device)
     info = read_checkpoint(model_dir)
-    inventory = take_inventory(info)
-    precision = {torch.bfloat16: "BF16", torch.float32: "stored", torch.float64: "stored"}[dtype]
 
-    # 1. The identity of this run: a resumed run must match it exactly.
+    # 1. The identity of this run (a resumed run must match it); rank 0 prepares the directory.
     identity = {
         "model": {"config_sha256": info.config_sha256, "head_tensors": info.head_names},
         "tokenizer_sha256": tokenizer_sha256(info.path),
         "k": opts.k,
         "dtype": str(dtype).removeprefix("torch."),
-        "device": device,
-        "sampling": {p.name: p.as_dict() for p in profiles},
+        "device": device.split(":")[0] if ranks.world > 1 else device,
+        "sampling": {p.name: p.as_dict() for p in opts.profiles},
         "inputs": [{"path": str(f), "sha256": sha256_file(f)} for f in files],
         "options": {"chunk_size": opts.chunk_size, "on_error": opts.on_error, "max_sessions": opts.max_sessions},
     }
+    failure, manifest = None, None
+    if ranks.rank == 0:
+        try:
+            manifest = _start_manifest(out, opts, info, identity, bundled, ranks.world)
+        except UserError as e:
+            failure = e
+    failure = ranks.from_rank0(failure)
+    if failure is not None:
+        raise failure
+
+    # 2. This rank's sessions.
+    try:
+        model = load_model(model_dir, device=device, dtype=dtype)
+        result = _replay_sessions(files, out, opts, model, ranks, observer)
+    except BaseException as e:  # every rank must reach the gather below, whatever happened here
+        result = {"failure": e}
+    results = ranks.gather({k: v if k != "failure" else _portable(v) for k, v in result.items()})
+
+    # 3. Rank 0 merges every rank's counts and errors into the manifest.
+    if ranks.rank == 0:
+        _finish_manifest(out, manifest, results, files)
+    if ranks.world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+    failures = [r["failure"] for r in results if r.get("failure") is not None]
+    if "failure" in result:
+        raise result["failure"]
+    if failures:
+        raise failures[0]
+    return out
+
+
+def _portable(e: BaseException) -> BaseException:
+    """An exception another rank can unpickle and raise: user errors as they are, anything else summarised."""
+    from .errors import UserError
+
+    if isinstance(e, UserError):
+        return type(e)(str(e)) if type(e).__init__ is UserError.__init__ else UserError(str(e))
+    return RuntimeError(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+
+def _start_manifest(out: Path, opts: ReplayOptions, info, identity: dict, bundled: bool, world: int) -> dict:
+    """Check the run directory (fresh, --resume or --overwrite) and write the running manifest."""
+    import platform
+
+    import transformers
+
+    from . import __version__, tables
+    from .errors import RunDirectoryError
+    from .inventory import take_inventory
+
     resumed = tables.prepare_run_directory(out, opts.resume, opts.overwrite)
     if resumed is not None:
         for key, value in identity.items():
@@ -249,18 +347,12 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
             elif key == "inputs":
                 theirs = [{"path": i.get("path"), "sha256": i.get("sha256")} for i in resumed.get("inputs", [])]
             if theirs != value:
-                raise RunDirectoryError(f"{out}: cannot resume, {key} differs from the interrupted run; rerun with the same inputs and options, or --overwrite")
+                raise RunDirectoryError(f"{out}: cannot resume, {key} differs from the interrupted run; "
+                                        "rerun with the same inputs and options, or --overwrite")
         tables.remove_temporaries(out)
     out.mkdir(parents=True, exist_ok=True)
-
-    # 2. Model and renderer.
-    model = load_model(model_dir, device=device, dtype=dtype)
-    renderer = Renderer.from_model_dir(model_dir, vocab_size=info.geometry.vocab_size)
-    roofline = {
-        "precision": "BF16" if precision == "BF16" else "stored",
-        "head_bytes": inventory.head_bytes(precision), "lm_head_bytes": inventory.lm_head_bytes(precision),
-        "target_bytes": inventory.target_bytes(precision), "draft_cost": inventory.draft_cost(precision),
-    }
+    inventory = take_inventory(info)
+    precision = "BF16" if identity["dtype"] == "bfloat16" else "stored"
     manifest = {
         "schema_version": tables.SCHEMA_VERSION,
         "tool": {"name": "mtp-observe", "version": __version__},
@@ -270,73 +362,106 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
         **identity,
         "model": {
             "path": str(info.path.resolve()), "bundled": bundled, "model_type": info.model_type,
-            **identity["model"], "roofline": roofline,
+            **identity["model"],
+            "roofline": {
+                "precision": precision, "head_bytes": inventory.head_bytes(precision),
+                "lm_head_bytes": inventory.lm_head_bytes(precision), "target_bytes": inventory.target_bytes(precision),
+                "draft_cost": inventory.draft_cost(precision),
+            },
             "roofline_by_precision": {p: inventory.draft_cost(p) for p in ["stored", "BF16", "FP8", "Q8_0", "Q6_K", "Q4_K"]},
         },
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
+        "world_size": world,
         "counts": {},
         "errors": [],
         "resumed": (resumed or {}).get("resumed", []) + ([_now()] if resumed else []),
     }
     tables.write_json_atomic(out / tables.MANIFEST, manifest)
+    return manifest
 
-    # 3. Every session, in input order; finished parts of a resumed run are kept.
+
+COUNT_KEYS = ("sessions_ok", "sessions_skipped", "requests", "tokens_replayed", "scored_tokens", "anchors", "rows")
+
+
+def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, ranks: Ranks, observer: Observer) -> dict:
+    """Replay the sessions this rank owns; finished parts of a resumed run are kept. Returns its counts and errors."""
+    import time
+
+    from . import tables
+    from .rendering import Renderer
+    from .sessions import SessionError, Skipped, read_sessions
+
+    renderer = Renderer.from_model_dir(model.info.path, vocab_size=model.info.geometry.vocab_size)
+    names = [p.name for p in opts.profiles]
     done = tables.done_parts(out)
-    counts = {"sessions_ok": 0, "sessions_skipped": 0, "requests": 0, "tokens_replayed": 0,
-              "scored_tokens": 0, "anchors": 0, "rows": 0}
+    counts = dict.fromkeys(COUNT_KEYS, 0)
+    errors: list[dict] = []
     per_file = {str(f): 0 for f in files}
     total = sum(count_records(f) for f in files)
-    observer.start(min(total, opts.max_sessions) if opts.max_sessions else total)
-    names = [p.name for p in profiles]
-    started = time.time()
-    fresh_tokens = 0
-    try:
-        for item in read_sessions(files, on_error=opts.on_error):
-            if opts.max_sessions is not None and item.index >= opts.max_sessions:
-                break
-            per_file[item.path] += 1
-            if isinstance(item, Skipped):
-                manifest["errors"].append({"path": item.path, "line": item.line, "session_id": item.session_id, "message": item.message})
-                counts["sessions_skipped"] += 1
-                observer.warn(item.message)
-                observer.session(item.session_id or "?", 0, skipped=True)
+    if opts.max_sessions:
+        total = min(total, opts.max_sessions)
+    observer.start(len([i for i in range(total) if ranks.owns(i)]))
+    started, fresh_tokens = time.time(), 0
+
+    def skip(index, path, line, session_id, message):
+        errors.append({"index": index, "path": path, "line": line, "session_id": session_id, "message": message})
+        counts["sessions_skipped"] += 1
+        observer.warn(message)
+        observer.session(session_id or "?", 0, skipped=True)
+
+    for item in read_sessions(files, on_error=opts.on_error):
+        if opts.max_sessions is not None and item.index >= opts.max_sessions:
+            break
+        per_file[item.path] += 1
+        if not ranks.owns(item.index):
+            continue
+        if isinstance(item, Skipped):
+            skip(item.index, item.path, item.line, item.session_id, item.message)
+            continue
+        name = tables.part_name(item.index)
+        if name in done:
+            c = tables.part_counts(out, name)
+        else:
+            try:
+                rendered = renderer.render(item)
+            except SessionError as e:
+                if opts.on_error == "fail":
+                    raise
+                skip(item.index, e.path, e.line, e.session_id, str(e))
                 continue
-            name = tables.part_name(item.index)
-            if name in done:
-                c = tables.part_counts(out, name)
-            else:
-                try:
-                    rendered = renderer.render(item)
-                except SessionError as e:
-                    if opts.on_error == "fail":
-                        raise
-                    manifest["errors"].append({"path": e.path, "line": e.line, "session_id": e.session_id, "message": str(e)})
-                    counts["sessions_skipped"] += 1
-                    observer.warn(str(e))
-                    observer.session(item.id, 0, skipped=True)
-                    continue
-                per_request = [(r.index, replay_request(model, r, opts.k, profiles, opts.chunk_size)) for r in rendered.requests]
-                positions = tables.positions_table(item.id, per_request, names)
-                requests = tables.requests_table(item.id, rendered.requests)
-                tables.write_part(positions, out / tables.POSITIONS, name)  # positions first: a session is
-                tables.write_part(requests, out / tables.REQUESTS, name)  # done once both parts exist
-                c = {"requests": len(rendered.requests), "tokens_replayed": rendered.n_tokens,
-                     "scored_tokens": rendered.scored_tokens, "anchors": int((positions.column("depth").to_numpy() == 1).sum()),
-                     "rows": positions.num_rows}
-                fresh_tokens += rendered.n_tokens
-            counts["sessions_ok"] += 1
-            for key, value in c.items():
-                counts[key] += value
-            observer.session(item.id, c["tokens_replayed"], skipped=False)
-    except BaseException as e:
-        manifest.update(status="failed", finished=_now(), counts=counts,
-                        failure=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-        tables.write_json_atomic(out / tables.MANIFEST, manifest)
-        raise
-    wall = time.time() - started
-    for entry in manifest["inputs"]:
-        entry["sessions"] = per_file[entry["path"]]
-    manifest.update(status="complete", finished=_now(), counts=counts,
-                    timing={"wall_s": round(wall, 3), "tokens_per_s": round(fresh_tokens / wall, 1) if wall > 0 else None})
+            per_request = [(r.index, replay_request(model, r, opts.k, opts.profiles, opts.chunk_size)) for r in rendered.requests]
+            positions = tables.positions_table(item.id, per_request, names)
+            requests = tables.requests_table(item.id, rendered.requests)
+            tables.write_part(positions, out / tables.POSITIONS, name)  # positions first: a session is
+            tables.write_part(requests, out / tables.REQUESTS, name)  # done once both parts exist
+            c = {"requests": len(rendered.requests), "tokens_replayed": rendered.n_tokens,
+                 "scored_tokens": rendered.scored_tokens, "rows": positions.num_rows,
+                 "anchors": int((positions.column("depth").to_numpy() == 1).sum())}
+            fresh_tokens += rendered.n_tokens
+        counts["sessions_ok"] += 1
+        for key, value in c.items():
+            counts[key] += value
+        observer.session(item.id, c["tokens_replayed"], skipped=False)
+    return {"counts": counts, "errors": errors, "per_file": per_file, "fresh_tokens": fresh_tokens,
+            "wall_s": time.time() - started}
+
+
+def _finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> None:
+    from . import tables
+
+    counts = {key: sum(r.get("counts", {}).get(key, 0) for r in results) for key in COUNT_KEYS}
+    errors = sorted((e for r in results for e in r.get("errors", [])), key=lambda e: e["index"])
+    manifest["errors"] = [{k: v for k, v in e.items() if k != "index"} for e in errors]
+    manifest["counts"] = counts
+    failures = [r["failure"] for r in results if r.get("failure") is not None]
+    if failures:
+        manifest.update(status="failed", finished=_now(), failure=f"{type(failures[0]).__name__}: {failures[0]}")
+    else:
+        per_file = results[0]["per_file"]  # every rank reads every line, so every rank's per-file count agrees
+        for entry in manifest["inputs"]:
+            entry["sessions"] = per_file[entry["path"]]
+        wall = max(r["wall_s"] for r in results)
+        fresh = sum(r["fresh_tokens"] for r in results)
+        manifest.update(status="complete", finished=_now(),
+                        timing={"wall_s": round(wall, 3), "tokens_per_s": round(fresh / wall, 1) if wall > 0 else None})
     tables.write_json_atomic(out / tables.MANIFEST, manifest)
-    return out

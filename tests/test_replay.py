@@ -320,3 +320,28 @@ def test_replaying_a_32k_token_session_with_the_real_vocabulary_stays_under_6_gb
     assert (rows == 1).sum() == 8_191 and (rows == 2).sum() == 8_190
     print(f"peak RSS {peak / 1e9:.2f} GB")
     assert peak < 6e9, f"peak RSS {peak / 1e9:.2f} GB"
+
+
+# --- data-parallel ----------------------------------------------------------------------------
+
+
+def test_torchrun_with_two_processes_gives_the_same_rows_as_one(tiny_checkpoint, tmp_path):
+    records = [dict(SESSION, id=f"s{i}") for i in range(5)]
+    bad = {"id": "bad", "messages": [{"role": "user", "content": "q"}]}
+    path = write_sessions(tmp_path / "s.jsonl", records[:2] + [bad] + records[2:])
+    one = replay([path], tiny_checkpoint, tmp_path / "one", ReplayOptions(k=2, device="cpu", on_error="skip"))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "-m", "mtp_observe", "replay", str(path), "--model", str(tiny_checkpoint), "--k", "2",
+                        "--device", "cpu", "--on-error", "skip", "--out", str(tmp_path / "two")],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for table, keys in (("positions.parquet", ["session_id", "request", "pos", "depth"]), ("requests.parquet", ["session_id", "request"])):
+        a = pd.read_parquet(one / table).sort_values(keys).reset_index(drop=True)
+        b = pd.read_parquet(tmp_path / "two" / table).sort_values(keys).reset_index(drop=True)
+        pd.testing.assert_frame_equal(a, b)
+    m1 = json.loads((one / "run.json").read_text())
+    m2 = json.loads((tmp_path / "two" / "run.json").read_text())
+    assert m2["status"] == "complete" and m2["world_size"] == 2
+    assert m1["counts"] == m2["counts"] and m1["errors"] == m2["errors"] and len(m2["errors"]) == 1
+    assert m1["inputs"] == m2["inputs"]
