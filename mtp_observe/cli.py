@@ -247,6 +247,7 @@ def replay(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the run in --out.")] = False,
     on_error: Annotated[str, typer.Option("--on-error", help="fail | skip: a bad session stops the run, or is recorded in run.json and skipped.")] = "fail",
     max_sessions: Annotated[Optional[int], typer.Option("--max-sessions", help="Replay at most N sessions (counted in input order).")] = None,
+    device_map: Annotated[Optional[str], typer.Option("--device-map", help="auto: spread a target too large for one GPU over all visible GPUs (needs accelerate).")] = None,
 ) -> None:
     """Replay sessions through the target with the MTP head alongside; write the run directory."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -258,7 +259,8 @@ def replay(
     model_dir = _model_dir(model)
     out_path = out_dir or default_run_dir()
     opts = ReplayOptions(k=k, chunk_size=chunk_size, device=device, dtype=dtype, profiles=_parse_sampling(sampling or []),
-                         on_error=on_error, max_sessions=max_sessions, resume=resume, overwrite=overwrite)
+                         on_error=on_error, max_sessions=max_sessions, resume=resume, overwrite=overwrite,
+                         device_map=device_map)
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
     with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TextColumn("sessions"),
                   TextColumn("{task.fields[tokens]}"), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),

@@ -184,7 +184,8 @@ class MtpHead(nn.Module):
 
     def fc_input(self, hidden: Tensor, next_ids: Tensor) -> Tensor:
         """hidden: [n, H] (target post-norm h_i, or the head's own m in a chain step), next_ids: [n] -> z: [n, H]."""
-        embedding = self._norm(F.embedding(next_ids, self.embed_tokens), self.pre_fc_norm_embedding)
+        embedding = F.embedding(next_ids.to(self.embed_tokens.device), self.embed_tokens).to(self.device)
+        embedding = self._norm(embedding, self.pre_fc_norm_embedding)
         hidden = self._norm(hidden.to(self.dtype), self.pre_fc_norm_hidden)
         return F.linear(torch.cat([embedding, hidden], dim=-1), self.fc)  # embedding first
 
@@ -222,7 +223,7 @@ class MtpHead(nn.Module):
 
     def logits(self, states: Tensor) -> Tensor:
         """states: [n, H] -> [n, V] fp32. Call on chunks: this is the vocabulary-sized tensor."""
-        return F.linear(states, self.lm_head).float()
+        return F.linear(states.to(self.lm_head.device), self.lm_head).float()
 
     # -- the two passes ----------------------------------------------------------------------
 
@@ -355,8 +356,8 @@ class MtpHead(nn.Module):
         """states: [n, H] -> (argmax token [n] int64, its log-softmax [n] fp32), vocab chunked by rows."""
         n = states.shape[0]
         rows = max(1, budget // self.geometry.vocab_size)
-        ids = torch.empty(n, dtype=torch.long, device=states.device)
-        lps = torch.empty(n, dtype=torch.float32, device=states.device)
+        ids = torch.empty(n, dtype=torch.long, device=self.device)
+        lps = torch.empty(n, dtype=torch.float32, device=self.device)
         for r0 in range(0, n, rows):
             logits = self.logits(states[r0 : r0 + rows])
             best, idx = logits.max(dim=-1)
@@ -366,7 +367,8 @@ class MtpHead(nn.Module):
 
 
 def build_head(geometry: HeadGeometry, head_tensors: dict[str, Tensor], embed_tokens: Tensor, lm_head: Tensor) -> MtpHead:
-    """The head on the device and dtype of the borrowed embedding."""
-    dtype, device = embed_tokens.dtype, embed_tokens.device
+    """The head on the device and dtype of the borrowed lm_head (the last device under a device map,
+    where the target's final hidden states come out)."""
+    dtype, device = lm_head.dtype, lm_head.device
     tensors = {k: v.to(device=device, dtype=dtype) for k, v in head_tensors.items()}
     return MtpHead(geometry, tensors, embed_tokens, lm_head).eval()

@@ -60,11 +60,19 @@ class LoadedModel:
     dtype: torch.dtype
 
 
-def load_model(model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
+def load_model(model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
+               device_map: str | None = None) -> LoadedModel:
+    """device_map ("auto", accelerate) spreads a target too large for one device over all visible ones;
+    the head then sits with the lm_head on the last device."""
     info = read_checkpoint(model_dir)
-    target = load_target(info, device=device, dtype=dtype)
+    if device_map is not None:
+        try:
+            import accelerate  # noqa: F401
+        except ImportError:
+            raise OptionError("--device-map needs accelerate: pip install 'mtp-observe[scale]' (or pip install accelerate)")
+    target = load_target(info, device=device, dtype=dtype, device_map=device_map)
     head = build_head(
-        info.geometry, load_head_tensors(info, device=device, dtype=dtype),
+        info.geometry, load_head_tensors(info, device=str(target.lm_head.weight.device), dtype=dtype),
         embed_tokens=target.model.embed_tokens.weight, lm_head=target.lm_head.weight,
     )
     return LoadedModel(info=info, target=target, head=head, device=device, dtype=dtype)
@@ -85,6 +93,7 @@ class ReplayOptions:
     max_sessions: int | None = None
     resume: bool = False
     overwrite: bool = False
+    device_map: str | None = None  # "auto": spread the target over every visible GPU (accelerate)
 
 
 class Observer:
@@ -190,6 +199,8 @@ def _check_options(opts: ReplayOptions) -> None:
         raise OptionError(f"--chunk-size {opts.chunk_size}: must be at least 1")
     if opts.on_error not in ("fail", "skip"):
         raise OptionError(f"--on-error {opts.on_error}: expected fail or skip")
+    if opts.device_map not in (None, "auto"):
+        raise OptionError(f"--device-map {opts.device_map}: only auto is supported (accelerate places the layers)")
     if opts.max_sessions is not None and opts.max_sessions < 1:
         raise OptionError(f"--max-sessions {opts.max_sessions}: must be at least 1")
     names = [p.name for p in opts.profiles]
@@ -298,7 +309,7 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
 
     # 2. This rank's sessions.
     try:
-        model = load_model(model_dir, device=device, dtype=dtype)
+        model = load_model(model_dir, device=device, dtype=dtype, device_map=opts.device_map)
         result = _replay_sessions(files, out, opts, model, ranks, observer)
     except BaseException as e:  # every rank must reach the gather below, whatever happened here
         result = {"failure": e}

@@ -34,14 +34,16 @@ def prefill_hidden(model, input_ids: Tensor, chunk_size: int = 2048) -> Tensor:
     text_model = model.model
     device = text_model.embed_tokens.weight.device
     n = input_ids.shape[0]
-    hidden = torch.empty(n, model.config.hidden_size, dtype=text_model.embed_tokens.weight.dtype, device=device)
+    hidden = None  # [n, H], allocated where the final norm's output lives (the last device under a device map)
     cache = DynamicCache(config=model.config)
     kw = _cache_kwarg(text_model)
     for c0 in range(0, n, chunk_size):
         c1 = min(n, c0 + chunk_size)
         chunk = input_ids[c0:c1].to(device)[None]
-        out = text_model(input_ids=chunk, use_cache=True, **{kw: cache})
-        hidden[c0:c1] = out.last_hidden_state[0]
+        out = text_model(input_ids=chunk, use_cache=True, **{kw: cache}).last_hidden_state[0]
+        if hidden is None:
+            hidden = torch.empty(n, out.shape[-1], dtype=out.dtype, device=out.device)
+        hidden[c0:c1] = out
     return hidden
 
 
@@ -123,7 +125,7 @@ def reduce_logits(
     lm_head: [V, H]; hidden: [n, H] post-norm; positions, drafts, actuals: [R] (position p+k-1,
     draft d_k, recorded x_{p+k}). Each distinct position's logits are computed once.
     """
-    device = hidden.device
+    device = lm_head.device  # under a device map, the last device; the hidden rows are moved to it
     R = positions.shape[0]
     V = lm_head.shape[0]
     positions, drafts, actuals = positions.to(device), drafts.to(device), actuals.to(device)
@@ -143,7 +145,7 @@ def reduce_logits(
         lo, hi = torch.searchsorted(sorted_inverse, torch.tensor([c0, c1], device=device)).tolist()
         sel = order[lo:hi]  # rows whose position is in this chunk
         local = inverse[sel] - c0
-        logits = F.linear(hidden[unique[c0:c1]], lm_head).float()  # [c, V]: the only vocabulary-sized tensor
+        logits = F.linear(hidden[unique[c0:c1]].to(lm_head.device), lm_head).float()  # [c, V]: the only vocabulary-sized tensor
         lse = torch.logsumexp(logits, dim=-1)
         out_token[sel] = logits.argmax(-1)[local]
         out_target[sel] = logits[local, drafts[sel]] - lse[local]

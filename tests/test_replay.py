@@ -345,3 +345,10 @@ def test_torchrun_with_two_processes_gives_the_same_rows_as_one(tiny_checkpoint,
     assert m2["status"] == "complete" and m2["world_size"] == 2
     assert m1["counts"] == m2["counts"] and m1["errors"] == m2["errors"] and len(m2["errors"]) == 1
     assert m1["inputs"] == m2["inputs"]
+
+
+def test_device_map_auto_gives_the_same_rows(tiny_checkpoint, tmp_path):
+    path = write_sessions(tmp_path / "s.jsonl", [SESSION])
+    plain = replay([path], tiny_checkpoint, tmp_path / "plain", ReplayOptions(k=2, device="cpu"))
+    mapped = replay([path], tiny_checkpoint, tmp_path / "mapped", ReplayOptions(k=2, device="cpu", device_map="auto"))
+    pd.testing.assert_frame_equal(pd.read_parquet(plain / "positions.parquet"), pd.read_parquet(mapped / "positions.parquet"))
