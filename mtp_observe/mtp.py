@@ -50,6 +50,12 @@ from torch import Tensor, nn
 
 from .checkpoint import HeadGeometry, expected_head_shapes
 
+try:  # torch >= 2.3
+    from torch.nn.attention.bias import CausalBias
+    from torch.nn.attention.bias import causal_lower_right as _lower_right
+except ImportError:  # pragma: no cover
+    CausalBias, _lower_right = (), None
+
 # Default bound on one attention score block (elements of [heads, queries, keys] in fp32).
 ATTENTION_BUDGET = 1 << 26  # 64 Mi elements = 256 MiB
 # Default bound on one lm_head logits block (elements of [rows, vocab] in fp32).
@@ -213,11 +219,23 @@ class MtpHead(nn.Module):
         z = z + F.linear(F.silu(F.linear(x, self.gate_proj)) * F.linear(x, self.up_proj), self.down_proj)
         return self._norm(z, self.norm)
 
-    def _attend(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor) -> Tensor:
-        """query [nh, q, d], key/value [nkv, k, d], mask [q, k] bool -> [nh, q, d]."""
+    def _row_mask(self, q_positions: Tensor, k_positions: Tensor):
+        """The row pass's causal mask. On CUDA a lower-right CausalBias (the same mask when the chunk's
+        queries are the last keys) lets SDPA pick a flash / memory-efficient kernel instead of
+        materialising [q, k]; elsewhere the explicit boolean mask."""
+        if self.device.type == "cuda" and _lower_right is not None:
+            return _lower_right(q_positions.shape[0], k_positions.shape[0])
+        return causal_mask(q_positions, k_positions)
+
+    def _attend(self, query: Tensor, key: Tensor, value: Tensor, mask) -> Tensor:
+        """query [nh, q, d], key/value [nkv, k, d], mask [q, k] bool (or a CausalBias) -> [nh, q, d]."""
+        scale = self.geometry.head_dim ** -0.5
+        if isinstance(mask, CausalBias):
+            groups = self.geometry.num_heads // self.geometry.num_kv_heads  # CausalBias takes no enable_gqa
+            key, value = key.repeat_interleave(groups, 0), value.repeat_interleave(groups, 0)
+            return F.scaled_dot_product_attention(query[None], key[None], value[None], attn_mask=mask, scale=scale)[0]
         out = F.scaled_dot_product_attention(
-            query[None], key[None], value[None], attn_mask=mask[None, None], enable_gqa=True,
-            scale=self.geometry.head_dim ** -0.5,
+            query[None], key[None], value[None], attn_mask=mask[None, None], enable_gqa=True, scale=scale,
         )
         return out[0]
 
@@ -247,7 +265,7 @@ class MtpHead(nn.Module):
             z = self.fc_input(hidden[c0:c1].to(device), next_ids[c0:c1].to(device))
             query, gate, key, value = self.attention_inputs(z, positions)
             keys[:, c0:c1], values[:, c0:c1] = key, value
-            attn = self._attend(query, keys[:, :c1], values[:, :c1], causal_mask(positions, all_positions[:c1]))
+            attn = self._attend(query, keys[:, :c1], values[:, :c1], self._row_mask(positions, all_positions[:c1]))
             states[c0:c1] = self.finish_row(z, attn, gate)
         return RowPass(states=states, keys=keys, values=values)
 

@@ -231,3 +231,30 @@ def test_a_decode_step_equals_the_chains_second_step(tiny_model, request_tokens)
     states, step_ids, _ = head.decode_step(rows, p, chain.states[:, 0], chain.tokens[:, 0], torch.tensor([p]))
     assert int(step_ids[0]) == int(chain.tokens[0, 1])
     assert (states - chain.states[:, 1]).abs().max() < 1e-5
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-only path: needs a CUDA device")
+def test_the_cuda_row_pass_with_a_lower_right_causal_bias_equals_the_cpu_one(tiny_checkpoint, request_tokens):
+    from mtp_observe.pipeline import load_model
+
+    ids, hidden = request_tokens
+    cpu = load_model(tiny_checkpoint)
+    gpu = load_model(tiny_checkpoint, device="cuda")
+    a = cpu.head.row_pass(hidden[:-1], ids[1:], chunk_size=37)
+    b = gpu.head.row_pass(hidden[:-1].cuda(), ids[1:].cuda(), chunk_size=37)
+    assert (a.states - b.states.cpu()).abs().max() < 1e-4
+    anchors = torch.arange(1, N_TOKENS)
+    da = cpu.head.chain(a, anchors, torch.full_like(anchors, 3))
+    db = gpu.head.chain(b, anchors.cuda(), torch.full_like(anchors, 3).cuda())
+    assert (da.tokens == db.tokens.cpu()).float().mean() > 0.99
+
+
+def test_the_lower_right_causal_bias_used_on_cuda_is_the_explicit_mask(tiny_model, request_tokens, monkeypatch):
+    """The CUDA row pass hands SDPA a lower-right CausalBias; on CPU it must give the explicit mask's answer."""
+    ids, hidden = request_tokens
+    head = tiny_model.head
+    explicit = head.row_pass(hidden[:-1], ids[1:], chunk_size=37).states
+    monkeypatch.setattr(head, "_row_mask", lambda q, k: mtp._lower_right(q.shape[0], k.shape[0]))
+    biased = head.row_pass(hidden[:-1], ids[1:], chunk_size=37).states
+    assert (explicit - biased).abs().max() < 1e-6
