@@ -112,6 +112,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--chunk-size", type=int, default=2048)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--keep-model", type=Path, default=None, help="write the checkpoint here and keep it (e.g. for probe)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -123,7 +124,7 @@ def main() -> None:
         dims["num_hidden_layers"] = args.layers
     spec = SyntheticSpec(vocab_size=248_320, shards=1, dtype="bfloat16" if dtype == torch.bfloat16 else "float32", **dims)
     t0 = time.time()
-    model_dir = write_synthetic_checkpoint(work / "model", spec)
+    model_dir = write_synthetic_checkpoint(args.keep_model or work / "model", spec)
     print(f"model written in {time.time() - t0:.0f} s: {args.dims} dims, vocab 248,320, {spec.num_hidden_layers} layers")
     model = load_model(model_dir, device=device, dtype=dtype)
     renderer = Renderer.from_model_dir(model_dir)
