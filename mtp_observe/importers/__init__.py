@@ -128,16 +128,21 @@ def sessions_of(source: Source, fmt: str, options: Options) -> Iterator[dict | S
 
 
 def _line(session: dict, source: Source) -> str | SkippedRecord:
-    """One JSONL line; a value JSON cannot hold (NaN, a lone surrogate) names the record."""
+    """One JSONL line; a value JSON cannot hold (NaN, a lone surrogate, YAML's dates) names the record."""
     try:
         text = json.dumps(session, ensure_ascii=False, allow_nan=False)
         text.encode("utf-8")
-    except (ValueError, TypeError, UnicodeEncodeError, RecursionError) as e:
-        why = "a lone surrogate, which is not Unicode text" if isinstance(e, UnicodeEncodeError) else \
-            "a number JSON cannot hold (NaN or Infinity)" if isinstance(e, ValueError) and "Out of range" in str(e) else \
-            f"a value JSON cannot hold ({type(e).__name__})"
-        return SkippedRecord(source.name, f"{source.name}: {session['meta']['importer']['record']}: session {session['id']}: holds {why}; fix the record")
-    return text
+    except UnicodeEncodeError:
+        why = "a lone surrogate, which is not Unicode text"
+    except ValueError as e:
+        why = "NaN or Infinity, which JSON cannot hold" if "Out of range" in str(e) else "a value that contains itself (a YAML alias)"
+    except TypeError:
+        why = "a value JSON cannot hold (a YAML date, binary or set, or a non-string key)"
+    except RecursionError:
+        why = "data nested too deeply"
+    else:
+        return text
+    return SkippedRecord(source.name, f"{source.name}: {session['meta']['importer']['record']}: session {session['id']}: holds {why}; fix the record")
 
 
 def import_files(fmt: str, files, out: Path, options: Options = Options(), on_error: str = "fail",

@@ -317,8 +317,9 @@ def drop_orphan_results(messages: list[dict]) -> tuple[list[dict], int]:
     seen: set = set()
     kept, dropped = [], 0
     for m in messages:
-        if m.get("role") == "assistant":
-            for call in m.get("tool_calls") or []:
+        calls = m.get("tool_calls")
+        if m.get("role") == "assistant" and isinstance(calls, list):  # other shapes are the reader's to refuse
+            for call in calls:
                 if isinstance(call, dict):
                     seen.add(_id_key(call.get("id")))
         elif m.get("role") == "tool":
