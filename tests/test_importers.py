@@ -470,3 +470,11 @@ def test_session_ids_stay_unique_when_two_files_share_a_name(tmp_path):
     files = [write_jsonl(tmp_path / d / "t.jsonl", events) for d in ("a", "b")]
     sessions = run_import("claude-code", files, tmp_path / "out.jsonl")
     assert [s.id for s in sessions] == ["s-1", "s-1#2"]
+
+
+def test_an_output_path_that_cannot_be_written_is_one_line_and_leaves_nothing_behind(tmp_path):
+    src = write_jsonl(tmp_path / "t.jsonl", claude_code_events())
+    (tmp_path / "taken").mkdir()
+    r = cli("claude-code", src, "-o", tmp_path / "taken")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"error: {tmp_path / 'taken'}: cannot write (Is a directory); choose another output path"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.jsonl", "taken"]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..errors import InputError
+from ..errors import InputError, OptionError
 from ..sessions import SessionError, parse_record
 from . import anthropic, claude_code, mini_swe_agent, tau2_bench, tau_bench
 from .common import Options, Rejected, Source
@@ -156,6 +156,12 @@ def import_files(fmt: str, files, out: Path, options: Options = Options(), on_er
     assert fmt == "auto" or fmt in READERS, fmt
     assert on_error in ("fail", "skip"), on_error
     counts: list[FileCount] = []
+    _write_atomically(out, _lines(fmt, files, options, on_error, warn, counts))
+    return counts
+
+
+def _lines(fmt, files, options, on_error, warn, counts: list[FileCount]) -> Iterator[str]:
+    """The output's lines, file after file; appends one FileCount per file to `counts`."""
     ids: set[str] = set()
 
     def skip(count: FileCount, message: str) -> None:
@@ -165,34 +171,56 @@ def import_files(fmt: str, files, out: Path, options: Options = Options(), on_er
         if warn is not None:
             warn(message)
 
+    for p in files:
+        source = Source(Path(p))
+        count = FileCount(str(p), "?")
+        counts.append(count)
+        try:
+            count.format = detect(source) if fmt == "auto" else fmt
+            source.check_file()
+            for item in sessions_of(source, count.format, options):
+                line = item if isinstance(item, SkippedRecord) else _line(_unique(item, ids), source)
+                if isinstance(line, SkippedRecord):
+                    skip(count, line.message)
+                    continue
+                count.sessions += 1
+                yield line
+        except InputError as e:
+            if on_error == "fail":
+                raise
+            skip(count, str(e))  # the rest of this file cannot be read; the next file can
+
+
+def _write_atomically(out: Path, lines: Iterator[str]) -> None:
+    """Write to a temporary file beside `out`, fsync, rename; on any error remove it and keep `out`."""
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+
+    def cannot(e: OSError) -> OptionError:
+        return OptionError(f"{out}: cannot write ({e.strerror or e}); choose another output path")
+
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for p in files:
-                source = Source(Path(p))
-                count = FileCount(str(p), "?")
-                counts.append(count)
+        try:
+            f = open(tmp, "w", encoding="utf-8")
+        except OSError as e:
+            raise cannot(e) from None
+        with f:
+            for line in lines:  # reading errors are InputErrors raised from here
                 try:
-                    count.format = detect(source) if fmt == "auto" else fmt
-                    source.check_file()
-                    for item in sessions_of(source, count.format, options):
-                        line = item if isinstance(item, SkippedRecord) else _line(_unique(item, ids), source)
-                        if isinstance(line, SkippedRecord):
-                            skip(count, line.message)
-                            continue
-                        f.write(line + "\n")
-                        count.sessions += 1
-                except InputError as e:
-                    if on_error == "fail":
-                        raise
-                    skip(count, str(e))  # the rest of this file cannot be read; the next file can
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
+                    f.write(line + "\n")
+                except OSError as e:
+                    raise cannot(e) from None
+            try:
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError as e:
+                raise cannot(e) from None
+        try:
+            os.replace(tmp, out)
+        except OSError as e:
+            raise cannot(e) from None
     finally:
         if tmp.exists():
             tmp.unlink()
-    return counts
 
 
 def _unique(session: dict, ids: set[str]) -> dict:

@@ -102,7 +102,7 @@ class Source:
 
     def check_file(self) -> None:
         if not self.path.is_file():
-            raise self.error("no such file; check the path")
+            raise self.error("no such file (or not a file); check the path")
 
     def read_bytes(self) -> bytes:
         try:
