@@ -1,7 +1,8 @@
 """What every importer shares: the input file, the meta shape, and the small pure helpers.
 
-Contract: importers never raise anything but `Malformed` (inside the pure converters, with a
-location inside the record) and `InputError` (at the file level, one line naming the file).
+Contract: the pure converters raise only `Malformed` (with a location inside the record);
+a format's `read` turns a malformed record into a `Rejected` item (the file goes on) and a
+malformed file into an `InputError` (one line naming the file).
 `Source` opens a file the way its format needs — a whole JSON or YAML document, or a stream
 of JSON lines with their line numbers — and turns every decoding failure into one line.
 
@@ -131,7 +132,8 @@ class Source:
                 try:
                     self._document = loads(text, "")
                 except Malformed as e:
-                    raise self.error(f"{e.what}; the file must be one JSON document")
+                    hint = "; the file must be one JSON document" if e.what.startswith("invalid JSON") else ""
+                    raise self.error(e.what + hint)
             self._parsed = True
         return self._document
 
@@ -169,7 +171,8 @@ class Source:
                 try:
                     yield n, loads(text, "")
                 except Malformed as e:
-                    raise self.error(f"line {n}: {e.what}; each line must be one JSON value")
+                    hint = "; each line must be one JSON value" if e.what.startswith("invalid JSON") else ""
+                    raise self.error(f"line {n}: {e.what}{hint}")
 
 
 def _load_yaml(text: str, source: Source):
