@@ -450,4 +450,3 @@ def main(argv: Optional[list[str]] = None) -> None:
             sys.exit(2)
         raise
     sys.exit(code if isinstance(code, int) else 0)
-
