@@ -395,6 +395,37 @@ def probe(
     out.print(f"wrote {output}; use it with: mtp-observe report --probe {output}", markup=False, soft_wrap=True)
 
 
+@app.command("import")
+def import_(
+    fmt: Annotated[str, typer.Argument(metavar="FORMAT", help="tau-bench, tau2-bench, mini-swe-agent, claude-code, anthropic, or auto (detect each file's format).")],
+    files: Annotated[list[Path], typer.Argument(help="Log files in that format.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Canonical session JSONL to write (replaced atomically).")],
+    tools: Annotated[Optional[Path], typer.Option("--tools", help="OpenAI tool schemas (JSON list) for logs that lack them: tau-bench, tau2-bench, claude-code.")] = None,
+    system_template: Annotated[Optional[Path], typer.Option("--system-template", help="tau2-bench agent system prompt template with {domain_policy} (default: agent_system_prompt_template.txt beside the file).")] = None,
+    on_error: Annotated[str, typer.Option("--on-error", help="fail: stop at the first bad record and write nothing; skip: warn, count it and go on.")] = "fail",
+) -> None:
+    """Convert real agent logs to canonical session JSONL (one session per line), validated."""
+    from .importers import FORMATS, OPTIONS_READ, Options, import_files
+
+    if fmt != "auto" and fmt not in FORMATS:
+        raise OptionError(f"FORMAT {fmt}: expected one of {', '.join(FORMATS)} or auto")
+    _check_on_error(on_error)
+    check_writable(output, "--output")
+    if any(output.resolve() == f.resolve() for f in files):
+        raise OptionError(f"--output {output} is one of the input files; write the sessions elsewhere")
+    for option, value in (("tools", tools), ("system_template", system_template)):
+        readers = OPTIONS_READ[option]
+        if value is not None and fmt not in readers:
+            raise OptionError(f"--{option.replace('_', '-')} applies to {', '.join(readers)}; name that FORMAT instead of {fmt}")
+    counts = import_files(fmt, files, output, Options(tools=tools, system_template=system_template), on_error=on_error,
+                          warn=lambda message: err.print(f"skipped: {message}", markup=False, soft_wrap=True))
+    for c in counts:
+        skipped = f", {len(c.skipped)} skipped" if c.skipped else ""
+        out.print(f"{c.path}: {c.sessions} sessions ({c.format}{skipped})", markup=False, soft_wrap=True)
+    total = sum(c.sessions for c in counts)
+    out.print(f"wrote {total} sessions to {output}", markup=False, soft_wrap=True)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2."""
     debug = os.environ.get("MTP_OBSERVE_DEBUG") == "1"

@@ -18,6 +18,7 @@ Every error is one line naming the file, the line, the session id and the fix.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -249,10 +250,35 @@ def _json_lines(path: Path) -> Iterator[tuple[int, object]]:
             if not raw.strip():
                 continue
             try:
-                yield n, json.loads(raw)
+                value = json.loads(raw)
             except ValueError as e:
                 msg = getattr(e, "msg", str(e))
                 yield n, SessionError(str(path), n, None, f"invalid JSON ({msg}); fix or remove this line")
+                continue
+            except RecursionError:
+                yield n, SessionError(str(path), n, None, "JSON nested too deeply to read; fix or remove this line")
+                continue
+            bad = _lone_surrogate(value) if _SURROGATE_ESCAPE.search(raw) else None
+            if bad is not None:
+                yield n, SessionError(str(path), n, None, f"a string holds a lone surrogate ({bad}), which is not Unicode text; fix that escape")
+                continue
+            yield n, value
+
+
+# A \uD800-\uDFFF escape: half of a surrogate pair, or (alone) not Unicode at all, which the
+# tokenizer and Parquet refuse later with a crash. Only lines holding one are checked.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _lone_surrogate(value) -> str | None:
+    """The first lone surrogate in a parsed JSON value, escaped for a message; None if there is none."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.object[e.start : e.end].encode("unicode_escape").decode("ascii")
+    except RecursionError:
+        return None  # too deep to check here; nothing this deep renders
+    return None
 
 
 def read_sessions(paths: Iterable[str | Path], on_error: str = "fail") -> Iterator[Session | Skipped]:

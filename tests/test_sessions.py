@@ -6,10 +6,13 @@ import json
 import shutil
 import subprocess
 import sys
+from itertools import islice
 from pathlib import Path
 
 import pytest
 
+from mtp_observe.importers import Options, tau2_bench, tau_bench
+from mtp_observe.importers.common import Source
 from mtp_observe.rendering import SEGMENTS, Renderer
 from mtp_observe.sessions import Session, Skipped, read_sessions
 
@@ -63,38 +66,15 @@ needs_public = pytest.mark.skipif(SESSIONS_PUBLIC is None, reason="../shared/ses
 
 
 def tau_bench_sessions(limit: int):
-    root = SESSIONS_PUBLIC / "tau-bench_gpt-4o-airline"
-    tools = json.loads((root / "tools_airline.openai.json").read_text())
-    data = json.loads((root / "gpt-4o-airline.json").read_text())
-    return [{"id": f"{s['task_id']}-{s['trial']}", "messages": s["traj"], "tools": tools} for s in data[:limit]]
+    """The first `limit` runs of the public tau-bench sample, imported (tool schemas from the file beside it)."""
+    source = Source(SESSIONS_PUBLIC / "tau-bench_gpt-4o-airline" / "gpt-4o-airline.json")
+    return list(islice(tau_bench.read(source, Options()), limit))
 
 
 def tau2_sessions(limit: int):
-    """A minimal conversion (the importers do it properly): reasoning from raw_data, user tool calls dropped."""
-    data = json.loads((SESSIONS_PUBLIC / "tau2-bench_grok" / "airline_grok-3-mini.json").read_text())
-    system = (SESSIONS_PUBLIC / "tau2-bench_grok" / "agent_system_prompt_template.txt").read_text()
-    out = []
-    for sim in data["simulations"][:limit]:
-        policy = data["info"]["environment_info"]["policy"]
-        messages = [{"role": "system", "content": system.replace("{domain_policy}", policy)}]
-        for m in sim["messages"]:
-            if m.get("requestor") == "user" or (m["role"] == "tool" and m.get("requestor") == "user"):
-                continue
-            if m["role"] == "assistant":
-                msg = {"role": "assistant", "content": m.get("content") or ""}
-                raw = (m.get("raw_data") or {}).get("message") or {}
-                if raw.get("reasoning_content"):
-                    msg["reasoning_content"] = raw["reasoning_content"]
-                calls = [c for c in (m.get("tool_calls") or []) if c.get("requestor", "assistant") == "assistant"]
-                if calls:
-                    msg["tool_calls"] = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]
-                messages.append(msg)
-            elif m["role"] == "tool":
-                messages.append({"role": "tool", "tool_call_id": m["id"], "content": m.get("content") or ""})
-            else:
-                messages.append({"role": m["role"], "content": m.get("content") or ""})
-        out.append({"id": sim["id"], "messages": messages})
-    return out
+    """The first `limit` public tau2 simulations, imported: reasoning from raw_data, user tool calls dropped."""
+    source = Source(SESSIONS_PUBLIC / "tau2-bench_grok" / "airline_grok-3-mini.json")
+    return list(islice(tau2_bench.read(source, Options()), limit))
 
 
 @needs_public

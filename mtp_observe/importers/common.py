@@ -1,0 +1,365 @@
+"""What every importer shares: the input file, the meta shape, and the small pure helpers.
+
+Contract: the pure converters raise only `Malformed` (with a location inside the record);
+a format's `read` turns a malformed record into a `Rejected` item (the file goes on) and a
+malformed file into an `InputError` (one line naming the file).
+`Source` opens a file the way its format needs — a whole JSON or YAML document, or a stream
+of JSON lines with their line numbers — and turns every decoding failure into one line.
+
+The canonical session an importer yields (SESSIONS.md, OpenAI chat form):
+
+    {"id": str, "messages": [...], "tools": [...]?, "meta": META}
+
+META has the same five keys for every format (README.md, "import"):
+
+    "importer": {"format": "tau2-bench", "file": "<path as given>", "record": "simulations[3]"}
+    "original": {...}     format-specific ids and labels of the record (task_id, trial, session_id, ...)
+    "missing":  [...]     what the agent saw that the log does not hold: "system_prompt", "tools"
+    "supplied": {...}     what came from outside the log: {"system_prompt": PATH, "tools": PATH}
+    "dropped":  {...}     what was left out and how often, e.g. {"user_tool_calls": 2}
+
+`missing` is never filled by invention: a system prompt or tool schemas are in the output only
+when the log holds them or the user supplied them (`supplied` says from where).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..errors import InputError
+
+MISSING_KINDS = ("system_prompt", "tools")  # the order `missing` lists them in
+
+
+class Malformed(ValueError):
+    """A record does not have the shape its format promises; `where` locates it inside the record."""
+
+    def __init__(self, where: str, what: str):
+        self.where, self.what = where, what
+        super().__init__(f"{where}: {what}" if where else what)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the input file
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _check_text(obj, where: str) -> None:
+    """Refuse lone surrogates (a JSON escape like \\ud800 that is not half of a pair): not Unicode."""
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = e.object[e.start : e.end].encode("unicode_escape").decode("ascii")
+        raise Malformed(where, f"a string holds a lone surrogate ({bad}), which is not Unicode text; fix that escape")
+    except (TypeError, ValueError, RecursionError):
+        pass  # other problems are the converters' to report, with a better location
+
+
+def loads(text: str, where: str):
+    """json.loads with one-line errors (Malformed) and no recursion crash or lone surrogate."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise Malformed(where, "JSON nested too deeply for the parser")
+    except ValueError as e:
+        msg = getattr(e, "msg", None)
+        if msg is not None:
+            raise Malformed(where, f"invalid JSON ({msg} at line {e.lineno} column {e.colno})")
+        raise Malformed(where, f"invalid JSON ({str(e).splitlines()[0][:120]})")
+    if "\\u" in text and _SURROGATE_ESCAPE.search(text):
+        _check_text(value, where)
+    return value
+
+
+@dataclass
+class Source:
+    """One input file. `document()` parses it whole (cached); `lines()` streams JSON lines."""
+
+    path: Path
+    _document: Any = field(default=None, repr=False)
+    _parsed: bool = field(default=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return str(self.path)
+
+    @property
+    def stem(self) -> str:
+        name = self.path.name
+        for suffix in (".traj.json", ".jsonl", ".json", ".yaml", ".yml"):
+            if name.endswith(suffix) and len(name) > len(suffix):
+                return name[: -len(suffix)]
+        return self.path.stem or name
+
+    def error(self, what: str) -> InputError:
+        return InputError(f"{self.path}: {what}")
+
+    def check_file(self) -> None:
+        if not self.path.is_file():
+            raise self.error("no such file (or not a file); check the path")
+
+    def read_bytes(self) -> bytes:
+        try:
+            return self.path.read_bytes()
+        except OSError as e:
+            raise self.error(f"cannot read ({e.strerror}); check the path and its permissions")
+
+    def text(self) -> str:
+        data = self.read_bytes()
+        try:
+            return data.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            line = data.count(b"\n", 0, e.start) + 1
+            raise self.error(f"line {line}: not UTF-8 text ({e.reason}); re-encode the file as UTF-8")
+
+    def is_yaml(self) -> bool:
+        return self.path.suffix.lower() in (".yaml", ".yml")
+
+    def document(self):
+        """The whole file as one JSON document (or YAML for .yaml/.yml), parsed once."""
+        if not self._parsed:
+            text = self.text()
+            if self.is_yaml():
+                self._document = _load_yaml(text, self)
+            else:
+                try:
+                    self._document = loads(text, "")
+                except Malformed as e:
+                    hint = "; the file must be one JSON document" if e.what.startswith("invalid JSON") else ""
+                    raise self.error(e.what + hint)
+            self._parsed = True
+        return self._document
+
+    def is_json_lines(self) -> bool:
+        """True when the first non-blank line is a whole JSON value and another non-blank line
+        follows (JSON lines); False for one JSON document, however it is laid out."""
+        try:
+            f = open(self.path, "rb")
+        except OSError as e:
+            raise self.error(f"cannot read ({e.strerror}); check the path and its permissions")
+        with f:
+            first = next((raw for raw in f if raw.strip()), None)
+            if first is None:
+                return False
+            try:
+                loads(first.decode("utf-8-sig"), "")
+            except (Malformed, UnicodeDecodeError):
+                return False
+            return any(raw.strip() for raw in f)
+
+    def lines(self) -> Iterator[tuple[int, Any]]:
+        """(line number, parsed JSON) for every non-blank line, streamed from disk."""
+        try:
+            f = open(self.path, "rb")
+        except OSError as e:
+            raise self.error(f"cannot read ({e.strerror}); check the path and its permissions")
+        with f:
+            for n, raw in enumerate(f, start=1):
+                try:
+                    text = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+                except UnicodeDecodeError as e:
+                    raise self.error(f"line {n}: not UTF-8 text ({e.reason}); re-encode the file as UTF-8")
+                if not text.strip():
+                    continue
+                try:
+                    yield n, loads(text, "")
+                except Malformed as e:
+                    hint = "; each line must be one JSON value" if e.what.startswith("invalid JSON") else ""
+                    raise self.error(f"line {n}: {e.what}{hint}")
+
+
+def _load_yaml(text: str, source: Source):
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        raise source.error(f"invalid YAML ({e.problem or e.context}{at}); fix the file")
+    except yaml.YAMLError as e:
+        raise source.error(f"invalid YAML ({str(e).splitlines()[0][:120]}); fix the file")
+    except RecursionError:
+        raise source.error("YAML nested too deeply; fix the file")
+    except (ValueError, TypeError, OverflowError) as e:  # a scalar the YAML constructors cannot build (e.g. a bad date)
+        raise source.error(f"invalid YAML value ({str(e).splitlines()[0][:120]}); fix the file")
+    try:
+        _check_text(value, "")
+    except Malformed as e:
+        raise source.error(e.what)
+    return value
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A record that could not be converted (the file goes on): what the error line says."""
+
+    what: str  # "<location in the file>: <what is wrong>"
+
+
+def each_record(records, convert_one) -> Iterator:
+    """convert_one(index, record) for each record; a Malformed record becomes a Rejected item."""
+    for i, record in enumerate(records):
+        try:
+            yield convert_one(i, record)
+        except Malformed as e:
+            yield Rejected(str(e))
+
+
+# ---------------------------------------------------------------------------------------------
+# Small typed accessors: each failure is a Malformed naming the field
+
+
+def kind(value) -> str:
+    if value is None:
+        return "null"
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def as_dict(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise Malformed(where, f"must be an object, not {kind(value)}")
+    return value
+
+
+def as_list(value, where: str) -> list:
+    if not isinstance(value, list):
+        raise Malformed(where, f"must be a list, not {kind(value)}")
+    return value
+
+
+def as_str(value, where: str, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise Malformed(where, f"must be a string, not {kind(value)}")
+    return value
+
+
+def scalar(value):
+    """A JSON scalar kept for meta (provenance), or None for anything that is not one."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    return None
+
+
+def originals(**values) -> dict:
+    """meta.original: the scalar values given, without the ones that are absent or not scalars."""
+    return {k: v for k, v in ((k, scalar(v)) for k, v in values.items()) if v is not None}
+
+
+def join_text(parts: list[str]) -> str:
+    """Several text blocks of one message become one string, blocks separated by a blank line."""
+    return "\n\n".join(p for p in parts if p)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tool schemas and tool results
+
+
+def file_beside(path: Path, names) -> Path | None:
+    """The first of `names` that is a file in `path`'s folder (names built from data may be unusable)."""
+    for name in names:
+        candidate = path.parent / name
+        try:
+            if candidate.is_file():
+                return candidate
+        except (OSError, ValueError):  # a name too long or holding a NUL is not there
+            continue
+    return None
+
+
+def tools_beside(path: Path, domain) -> Path | None:
+    """`tools_<domain>.openai.json` or `tools_<domain>.json` beside the input, if there."""
+    if not isinstance(domain, str) or not domain or any(c in domain for c in "/\\\0"):
+        return None
+    return file_beside(path, (f"tools_{domain}.openai.json", f"tools_{domain}.json"))
+
+
+def check_tools(tools, where: str) -> list[dict]:
+    """OpenAI tool schemas: [{"type": "function", "function": {"name": str, ...}}, ...]."""
+    for i, tool in enumerate(as_list(tools, where)):
+        w = f"{where}[{i}]"
+        fn = as_dict(as_dict(tool, w).get("function"), f"{w}.function")
+        if tool.get("type", "function") != "function":
+            raise Malformed(f"{w}.type", f"must be \"function\", not {tool.get('type')!r}")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise Malformed(f"{w}.function.name", "must be a non-empty string")
+    return tools
+
+
+def load_tools_file(path: Path) -> list[dict]:
+    """A JSON file of OpenAI tool schemas (what --tools and a tau-bench tools file hold)."""
+    source = Source(path)
+    source.check_file()
+    try:
+        return check_tools(source.document(), "")
+    except Malformed as e:
+        raise source.error(f"not a list of OpenAI tool schemas ({e}); give a JSON list of {{\"type\": \"function\", \"function\": {{\"name\", \"parameters\"}}}}")
+
+
+def drop_orphan_results(messages: list[dict]) -> tuple[list[dict], int]:
+    """Keep tool results that follow a call with their id (the nearest preceding one pairs with
+    them, as SESSIONS.md says: ids repeat); drop the others and count them. A result without
+    an id pairs with the nearest call of any id, as the reader does.
+
+    Worked example: [assistant calls a; tool a; tool b; assistant calls a; tool a] keeps both
+    results for a (each pairs with the call just before it) and drops the result for b.
+    """
+    seen: set = set()
+    kept, dropped = [], 0
+    for m in messages:
+        calls = m.get("tool_calls")
+        if m.get("role") == "assistant" and isinstance(calls, list):  # other shapes are the reader's to refuse
+            for call in calls:
+                if isinstance(call, dict):
+                    seen.add(_id_key(call.get("id")))
+        elif m.get("role") == "tool":
+            call_id = m.get("tool_call_id")
+            if not (seen if call_id is None else _id_key(call_id) in seen):
+                dropped += 1
+                continue
+        kept.append(m)
+    return kept, dropped
+
+
+def _id_key(value):
+    """Ids compare as themselves when they are JSON scalars; any other value pairs with nothing."""
+    return value if isinstance(value, (str, int, float, bool)) or value is None else object()
+
+
+def meta(fmt: str, source: Source, record: str, *, original: dict, missing, supplied: dict, dropped: dict) -> dict:
+    return {
+        "importer": {"format": fmt, "file": source.name, "record": record},
+        "original": original,
+        "missing": [k for k in MISSING_KINDS if k in set(missing)],
+        "supplied": {k: str(v) for k, v in supplied.items()},
+        "dropped": {k: v for k, v in dropped.items() if v},
+    }
+
+
+def session(sid: str, messages: list[dict], tools: list[dict] | None, meta_: dict) -> dict:
+    out = {"id": sid, "messages": messages}
+    if tools:
+        out["tools"] = tools
+    out["meta"] = meta_
+    return out
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the user may supply that a log lacks (each format says which it reads)."""
+
+    tools: Path | None = None  # OpenAI tool schemas (JSON list)
+    system_template: Path | None = None  # tau2's agent system prompt template with {domain_policy}

@@ -1,0 +1,335 @@
+"""Fuzzing the readers and the importers: strategies and the properties every input must keep.
+
+Inputs are mostly real-looking records, written here by hand in each format's shape, then
+mutated where it hurts — a key deleted, a value of the wrong type, a bad JSON string where
+arguments go, unicode and lone surrogates, huge numbers, NaN, deep nesting — and serialised the
+way the format is stored (a JSON document, JSON lines, YAML), sometimes with the bytes cut or
+corrupted. A few inputs are plain random bytes.
+
+Properties (in-process):
+  * an importer either writes sessions that the canonical reader accepts, or raises a UserError
+    whose message is one line naming the file; nothing else escapes;
+  * the reader yields sessions or Skipped items, or raises a UserError; every session it yields
+    renders or is refused with a UserError;
+  * through the CLI, every run exits 0 or 2, and a refusal is exactly one line on stderr.
+`RUNS` counts the inputs each property has seen (the slow test reports the total).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+from collections import Counter
+from pathlib import Path
+
+import yaml
+from hypothesis import strategies as st
+
+from mtp_observe.cli import main
+from mtp_observe.errors import UserError
+from mtp_observe.importers import import_files
+from mtp_observe.sessions import Session, Skipped, read_sessions
+
+RUNS: Counter = Counter()
+OUTCOMES: Counter = Counter()  # per property: "wrote sessions", "refused", ... (a fuzzer that only reaches refusals is weak)
+
+# ---------------------------------------------------------------------------------------------
+# Seeds: one small record per shape, in the format's own layout
+
+
+def _tau_bench_seed():
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_user", "arguments": "{\"user_id\": \"ana_1\"}"}}
+    return [{"task_id": 0, "trial": 0, "reward": 1.0, "info": {"source": "user"}, "traj": [
+        {"role": "system", "content": "You are an airline agent."},
+        {"role": "user", "content": "Change my flight."},
+        {"content": None, "role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "name": "get_user", "content": "{\"name\": \"Ana\"}"},
+        {"role": "assistant", "content": "Done, Ana.", "reasoning_content": "Checked."},
+    ]}, {"task_id": 1, "trial": 2, "traj": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}]
+
+
+def _tau2_seed():
+    return {"info": {"environment_info": {"domain_name": "telecom", "policy": "Be kind.", "tool_defs": None}, "agent_info": {"llm": "m"}},
+            "simulations": [{"id": "s1", "task_id": "3", "trial": 0, "reward_info": {"reward": 1.0}, "messages": [
+                {"role": "assistant", "content": "Hi! How can I help you today?", "raw_data": None},
+                {"role": "user", "content": "No signal."},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "name": "check", "arguments": {"a": 1}, "requestor": "assistant"}],
+                 "raw_data": {"message": {"reasoning_content": "Look it up."}}},
+                {"role": "tool", "id": "c1", "content": "ok", "requestor": "assistant"},
+                {"role": "user", "content": "", "tool_calls": [{"id": "u1", "name": "reboot", "arguments": {}, "requestor": "user"}]},
+                {"role": "tool", "id": "u1", "content": "rebooted", "requestor": "user"},
+                {"role": "tool", "tool_messages": [{"id": "c1", "role": "tool", "content": "again", "requestor": "assistant"}]},
+                {"role": "assistant", "content": "Fixed.", "raw_data": {"choices": [{"message": {"reasoning": "Done."}}]}},
+            ]}]}
+
+
+def _mini_swe_seed():
+    response = {"choices": [{"message": {"role": "assistant", "content": "x", "reasoning": "Think first.",
+                                         "reasoning_details": [{"type": "reasoning.text", "text": "Think first."}]}}]}
+    return {"trajectory_format": "mini-swe-agent-1", "instance_id": "repo__repo-1",
+            "info": {"exit_status": "Submitted", "config": {"model": {"model_name": "g"}}},
+            "messages": [
+                {"role": "system", "content": "Use bash."},
+                {"role": "user", "content": [{"type": "text", "text": "Fix the bug."}]},
+                {"role": "assistant", "content": "THOUGHT: look.\n\n```bash\nls\n```", "extra": {"response": response}},
+                {"role": "user", "content": "<returncode>0</returncode>"},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "t", "function": {"name": "bash", "arguments": "{\"c\": 1}"}}]},
+                {"role": "tool", "tool_call_id": "t", "content": "out"},
+                {"role": "exit", "content": "Submitted"},
+            ]}
+
+
+def _claude_code_seed():
+    base = {"isSidechain": False, "sessionId": "sess", "uuid": "u", "parentUuid": None, "version": "2.1"}
+    return [
+        {"type": "queue-operation", "operation": "dequeue", "sessionId": "sess"},
+        {**base, "type": "user", "message": {"role": "user", "content": "Do it."}},
+        {**base, "type": "assistant", "message": {"id": "m1", "role": "assistant", "model": "c", "content": [{"type": "thinking", "thinking": "Plan.", "signature": "s"}]}},
+        {**base, "type": "assistant", "message": {"id": "m1", "role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls"}}]}},
+        {**base, "type": "user", "message": {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "a"}]}]}},
+        {**base, "type": "assistant", "isSidechain": True, "message": {"id": "m2", "role": "assistant", "content": "side"}},
+        {"type": "system", "subtype": "compact_boundary", "sessionId": "sess"},
+        {**base, "type": "user", "message": {"role": "user", "content": [{"type": "text", "text": "Summary."}, {"type": "image", "source": {}}]}},
+        {**base, "type": "assistant", "message": {"id": "m3", "role": "assistant", "content": [{"type": "text", "text": "Done."}, {"type": "redacted_thinking", "data": "x"}]}},
+    ]
+
+
+def _anthropic_body():
+    return {"model": "claude", "max_tokens": 64, "system": [{"type": "text", "text": "Be brief."}],
+            "tools": [{"name": "get", "description": "Get.", "input_schema": {"type": "object", "properties": {}}}, {"type": "web_search", "name": "ws"}],
+            "messages": [
+                {"role": "user", "content": "Where?"},
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": "Call.", "signature": "s"},
+                                                  {"type": "tool_use", "id": "tu", "name": "get", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu", "content": "Paris"}, {"type": "text", "text": "Thanks"}]},
+            ]}
+
+
+def _anthropic_cassette():
+    body = _anthropic_body()
+    reply = {"id": "msg", "type": "message", "role": "assistant", "content": [{"type": "text", "text": "Paris."}]}
+    longer = dict(body, messages=body["messages"] + [{"role": "assistant", "content": reply["content"]}, {"role": "user", "content": "And?"}])
+    return {"interactions": [
+        {"request": {"uri": "https://api.anthropic.com/v1/messages", "method": "POST", "parsed_body": body}, "response": {"parsed_body": reply}},
+        {"request": {"uri": "https://api.anthropic.com/v1/messages", "body": json.dumps(longer)}, "response": {"body": {"string": json.dumps(reply)}}},
+    ], "version": 1}
+
+
+def _canonical_seed():
+    return [
+        {"id": "a", "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": [{"type": "text", "text": "q"}]},
+                                 {"role": "assistant", "reasoning_content": "r", "content": "c",
+                                  "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+                                 {"role": "tool", "tool_call_id": "1", "content": "out"}, {"role": "assistant", "thinking": "t", "content": "done"}],
+         "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}], "meta": {"k": 1}},
+        {"prompt_token_ids": [1, 2, 3], "completion_token_ids": [4, 5]},
+        {"id": "r", "requests": [{"prompt_token_ids": [1], "completion_token_ids": [2]}]},
+    ]
+
+
+def _message_lines_seed():
+    return [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "tool_calls": [{"id": "x", "function": {"name": "g", "arguments": {}}}]},
+            {"role": "tool", "tool_call_id": "x", "content": "r"}, {"role": "assistant", "content": "b"}]
+
+
+# (name, seed builder, layout, file suffix): layout "document" = one JSON value, "lines" = one per line, "yaml"
+SEEDS = {
+    "tau-bench": [(_tau_bench_seed, "document", ".json")],
+    "tau2-bench": [(_tau2_seed, "document", ".json")],
+    "mini-swe-agent": [(_mini_swe_seed, "document", ".traj.json")],
+    "claude-code": [(_claude_code_seed, "lines", ".jsonl")],
+    "anthropic": [(_anthropic_body, "document", ".json"), (lambda: [_anthropic_body(), _anthropic_body()], "lines", ".jsonl"),
+                  (_anthropic_cassette, "yaml", ".yaml")],
+    "canonical": [(_canonical_seed, "lines", ".jsonl"), (_message_lines_seed, "lines", ".jsonl")],
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Mutation
+
+WEIRD_TEXT = ["", " ", "\n", "\u2028", "\x00", "\ud800", "a\udfffb", "\U0001f600", "é" * 3, "<|im_end|>", "{", "{oops",
+              "[1, 2]", "5", "null", "\"quoted\"", "{\"a\": [", "x" * 300, "<tool_call>", "{domain_policy}", "\\u00"]
+WEIRD_NUMBERS = [0, -1, 1, 2 ** 63, -(2 ** 64), 10 ** 40, 1e308, -0.0, 0.5, float("nan"), float("inf"), True, False]
+
+scalars = st.one_of(st.none(), st.booleans(), st.sampled_from(WEIRD_NUMBERS), st.integers(), st.floats(allow_nan=True),
+                    st.sampled_from(WEIRD_TEXT), st.text(max_size=20))
+json_values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                            st.dictionaries(st.sampled_from(["role", "content", "type", "id", "text", "name", "messages", "x"]) | st.text(max_size=5), inner, max_size=4)),
+                           max_leaves=12)
+
+
+def _nodes(value, path=()):
+    """Every (path, node) in a JSON tree down to depth 30, root first."""
+    yield path, value
+    if len(path) >= 30:
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _nodes(v, path + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _nodes(v, path + (i,))
+
+
+def _set(root, path, value):
+    if not path:
+        return value
+    parent = root
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    return root
+
+
+def _delete(root, path):
+    parent = root
+    for key in path[:-1]:
+        parent = parent[key]
+    del parent[path[-1]]
+    return root
+
+
+@st.composite
+def mutated(draw, seed):
+    """The seed with 0..4 mutations at random places."""
+    value = copy.deepcopy(seed)
+    for _ in range(draw(st.integers(0, 4))):
+        nodes = list(_nodes(value))
+        path, node = draw(st.sampled_from(nodes))
+        op = draw(st.sampled_from(["replace", "replace", "delete", "retype", "text", "grow", "copy"]))
+        if op == "delete" and path:
+            value = _delete(value, path)
+        elif op == "replace":
+            value = _set(value, path, draw(json_values))
+        elif op == "retype":
+            retyped = {dict: lambda v: list(v.values()), list: lambda v: {str(i): x for i, x in enumerate(v)}, str: lambda v: [v],
+                       type(None): lambda v: "", bool: lambda v: str(v), int: lambda v: str(v), float: lambda v: [v]}
+            value = _set(value, path, retyped.get(type(node), lambda v: None)(node))
+        elif op == "text":
+            value = _set(value, path, draw(st.sampled_from(WEIRD_TEXT)) + (node if isinstance(node, str) and draw(st.booleans()) else ""))
+        elif op == "grow":
+            if isinstance(node, list):
+                node.extend(copy.deepcopy(node[: draw(st.integers(0, 3))]))
+            elif isinstance(node, dict):
+                node[draw(st.sampled_from(["role", "content", "tool_calls", "requestor", "id", "type", "isSidechain", "raw_data", "extra"]))] = draw(json_values)
+        elif op == "copy" and len(nodes) > 1:  # one part of the record where another belongs (ids, messages, blocks)
+            _, other = draw(st.sampled_from(nodes[1:]))
+            value = _set(value, path, copy.deepcopy(other))
+    if draw(st.integers(0, 24)) == 0:  # deep nesting somewhere (last: nothing walks it afterwards)
+        path, _ = draw(st.sampled_from(list(_nodes(value))))
+        value = _set(value, path, _nested(draw(st.sampled_from([50, 300, 3000]))))
+    return value
+
+
+def _nested(depth):
+    v: object = "bottom"
+    for i in range(depth):
+        v = [v] if i % 2 else {"content": v}
+    return v
+
+
+def serialise(value, layout: str, ascii_only: bool) -> bytes:
+    try:
+        if layout == "yaml":
+            return yaml.safe_dump(value, allow_unicode=not ascii_only).encode("utf-8", "surrogatepass")
+        if layout == "lines" and isinstance(value, list):
+            text = "".join(json.dumps(v, ensure_ascii=ascii_only) + "\n" for v in value)
+        else:
+            text = json.dumps(value, ensure_ascii=ascii_only)
+    except (RecursionError, ValueError):
+        text = "[" * 5000  # too deep to serialise: the parser must refuse it just as cleanly
+    return text.encode("utf-8", "surrogatepass")  # a lone surrogate written raw is invalid UTF-8: good input too
+
+
+@st.composite
+def corrupted(draw, data: bytes):
+    """Sometimes cut or damage the bytes (a truncated log, a flipped byte, a stray BOM)."""
+    kind = draw(st.sampled_from(["none", "none", "none", "truncate", "flip", "insert", "bom"]))
+    if not data or kind == "none":
+        return data
+    i = draw(st.integers(0, len(data) - 1))
+    if kind == "truncate":
+        return data[:i]
+    if kind == "flip":
+        return data[:i] + bytes([data[i] ^ draw(st.integers(1, 255))]) + data[i + 1:]
+    if kind == "insert":
+        return data[:i] + draw(st.binary(min_size=1, max_size=4)) + data[i:]
+    return b"\xef\xbb\xbf" + data
+
+
+@st.composite
+def log_files(draw, fmt: str):
+    """(bytes, suffix) of a file in format `fmt` ("canonical" for the reader), mostly mutated seeds."""
+    build, layout, suffix = draw(st.sampled_from(SEEDS[fmt]))
+    if draw(st.integers(0, 19)) == 0:
+        return draw(st.binary(max_size=200)), suffix
+    value = draw(mutated(build()))
+    return draw(corrupted(serialise(value, layout, draw(st.booleans())))), suffix
+
+
+# ---------------------------------------------------------------------------------------------
+# Properties
+
+
+def check_import(fmt: str, data: bytes, suffix: str, directory: Path, on_error: str = "fail") -> None:
+    """The importer writes only sessions the reader accepts, or refuses in one line naming the file."""
+    RUNS[f"import {fmt}"] += 1
+    path = directory / f"input{suffix}"
+    path.write_bytes(data)
+    out = directory / "out.jsonl"
+    try:
+        counts = import_files(fmt, [path], out, on_error=on_error)
+    except UserError as e:
+        message = str(e)
+        assert "\n" not in message and str(path) in message, message
+        OUTCOMES[f"import {fmt}: refused"] += 1
+        return
+    items = list(read_sessions([out])) if out.stat().st_size else []  # raises if a written session is invalid
+    assert all(isinstance(s, Session) for s in items)
+    assert len(items) == sum(c.sessions for c in counts)
+    OUTCOMES[f"import {fmt}: " + ("wrote sessions" if items else "wrote none")] += 1
+
+
+def check_read(data: bytes, suffix: str, directory: Path, renderer, on_error: str) -> None:
+    """The reader yields sessions or Skipped, or raises a UserError; its sessions render or are refused."""
+    RUNS["read sessions"] += 1
+    path = directory / f"input{suffix}"
+    path.write_bytes(data)
+    try:
+        for item in read_sessions([path], on_error=on_error):
+            assert isinstance(item, (Session, Skipped))
+            OUTCOMES[f"read: {type(item).__name__}"] += 1
+            if isinstance(item, Session) and renderer is not None:
+                try:
+                    renderer.render(item)
+                    OUTCOMES["read: rendered"] += 1
+                except UserError as e:
+                    assert "\n" not in str(e)
+    except UserError as e:
+        assert "\n" not in str(e)
+        OUTCOMES["read: refused"] += 1
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    """main(argv) in this process: (exit code, stdout, stderr)."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            main(argv)
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def check_cli(argv: list[str], key: str) -> None:
+    """Exit 0, or exit 2 with exactly one line on stderr and no traceback."""
+    RUNS[key] += 1
+    code, _, err = run_cli(argv)
+    assert code in (0, 2), (code, err)
+    OUTCOMES[f"{key}: exit {code}"] += 1
+    if code == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
