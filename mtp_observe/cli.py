@@ -421,7 +421,7 @@ def import_(
                           warn=lambda message: err.print(f"skipped: {message}", markup=False, soft_wrap=True))
     for c in counts:
         skipped = f", {len(c.skipped)} skipped" if c.skipped else ""
-        out.print(f"{c.path}: {c.sessions} sessions ({c.format}{skipped})", markup=False, soft_wrap=True)
+        out.print(f"{c.path}: {c.sessions} session{'s' if c.sessions != 1 else ''} ({c.format}{skipped})", markup=False, soft_wrap=True)
     total = sum(c.sessions for c in counts)
     out.print(f"wrote {total} sessions to {output}", markup=False, soft_wrap=True)
 
