@@ -32,11 +32,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtp_observe.pipeline import load_model, replay_request, resolve_device, resolve_dtype  # noqa: E402
+from mtp_observe.pipeline import load_model, replay_session, resolve_device, resolve_dtype, shared_prefix  # noqa: E402
 from mtp_observe.rendering import Renderer  # noqa: E402
 from mtp_observe.sessions import read_sessions  # noqa: E402
 from mtp_observe.synthetic import SyntheticSpec, write_synthetic_checkpoint  # noqa: E402
-from mtp_observe.target import BUILTIN_PROFILES, prefill_hidden  # noqa: E402
+from mtp_observe.target import BUILTIN_PROFILES, prefill  # noqa: E402
 
 DIMS = {
     # reduced width and depth, real vocabulary, the real 3:1 linear/full layer pattern
@@ -69,8 +69,19 @@ def sessions_file(work: Path, n: int) -> Path:
     return out
 
 
-def flops(model, requests, k: int) -> tuple[float, float]:
-    """(bare prefill FLOPs, replay FLOPs) for these requests: 2 x weights per token plus attention."""
+def starts(requests) -> list[int]:
+    """Where each request's new tokens begin: after the prefix it shares with the request before it."""
+    out = [0]
+    for a, b in zip(requests, requests[1:]):
+        out.append(min(shared_prefix(a.input_ids, b.input_ids), len(b.input_ids) - 1))
+    return out
+
+
+def flops(model, sessions, k: int) -> tuple[float, float]:
+    """(bare prefill FLOPs, replay FLOPs): 2 x weights per new token plus attention over the context.
+
+    A request's tokens shared with the request before it are computed once (prefix reuse), in the
+    prefill as in the replay."""
     cfg = model.target.config
     g = model.head.geometry
     H, V = g.hidden_size, g.vocab_size
@@ -82,22 +93,24 @@ def flops(model, requests, k: int) -> tuple[float, float]:
         return 4.0 * queries * keys * heads * d  # QK^T and PV
 
     prefill = replay = 0.0
-    for r in requests:
-        n = len(r.input_ids)
-        pre = 2.0 * trunk * n + full_layers * attention(n, n / 2, cfg.num_attention_heads, cfg.head_dim)
-        positions = set()
-        anchors = rows = chain = 0.0
-        for sp in r.spans:
-            for p in range(max(sp.start, 1), sp.end):
-                depth = min(k, sp.end - p)
-                anchors += 1
-                rows += depth
-                chain += (depth - 1) * (2.0 * head + attention(1, p + depth, g.num_heads, g.head_dim))
-                positions.update(range(p, p + depth))
-        head_rows = 2.0 * head * n + attention(n, n / 2, g.num_heads, g.head_dim)
-        lm = 2.0 * V * H * (len(positions) + rows)  # target at each distinct position, head at each (anchor, depth)
-        prefill += pre
-        replay += pre + head_rows + chain + lm
+    for requests in sessions:
+        for r, s0 in zip(requests, starts(requests)):
+            n = len(r.input_ids)
+            new = n - s0
+            pre = 2.0 * trunk * new + full_layers * attention(new, (n + s0) / 2, cfg.num_attention_heads, cfg.head_dim)
+            positions = set()
+            anchors = rows = chain = 0.0
+            for sp in r.spans:
+                for p in range(max(sp.start, 1), sp.end):
+                    depth = min(k, sp.end - p)
+                    anchors += 1
+                    rows += depth
+                    chain += (depth - 1) * (2.0 * head + attention(1, p + depth, g.num_heads, g.head_dim))
+                    positions.update(range(p, p + depth))
+            head_rows = 2.0 * head * new + attention(new, (n + s0) / 2, g.num_heads, g.head_dim)
+            lm = 2.0 * V * H * (len(positions) + rows)  # target at each distinct position, head at each (anchor, depth)
+            prefill += pre
+            replay += pre + head_rows + chain + lm
     return prefill, replay
 
 
@@ -128,8 +141,10 @@ def main() -> None:
     print(f"model written in {time.time() - t0:.0f} s: {args.dims} dims, vocab 248,320, {spec.num_hidden_layers} layers")
     model = load_model(model_dir, device=device, dtype=dtype)
     renderer = Renderer.from_model_dir(model_dir)
-    requests = [r for s in read_sessions([sessions_file(work, args.sessions)]) for r in renderer.render(s).requests]
+    sessions = [renderer.render(s).requests for s in read_sessions([sessions_file(work, args.sessions)])]
+    requests = [r for s in sessions for r in s]
     tokens = sum(len(r.input_ids) for r in requests)
+    unique = sum(len(r.input_ids) - s0 for s in sessions for r, s0 in zip(s, starts(s)))
     scored = sum(sp.end - sp.start + 1 for r in requests for sp in r.spans)
 
     def sync():
@@ -138,26 +153,32 @@ def main() -> None:
 
     # Warm-up on the smallest request, then each measurement over every request.
     smallest = min(requests, key=lambda r: len(r.input_ids))
-    replay_request(model, smallest, args.k, BUILTIN_PROFILES, args.chunk_size)
+    replay_session(model, [smallest], args.k, BUILTIN_PROFILES, args.chunk_size)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     sync()
     t0 = time.perf_counter()
-    for r in requests:
-        prefill_hidden(model.target, torch.tensor(r.input_ids), chunk_size=args.chunk_size)
+    for s in sessions:  # the bare target over the same new tokens: the same prefix reuse, no head, no lm_head
+        carry = None
+        for r, after in zip(s, s[1:] + [None]):
+            keep = min(shared_prefix(r.input_ids, after.input_ids), len(r.input_ids) - 1) if after else None
+            keep = keep if keep is not None and keep >= 2 and keep >= (carry.length if carry else 0) else None
+            carry = carry if carry is not None and 2 <= carry.length < len(r.input_ids) else None
+            _, carry = prefill(model.target, torch.tensor(r.input_ids), args.chunk_size, prefix=carry, keep_at=keep)
     sync()
     prefill_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    for r in requests:
-        replay_request(model, r, args.k, BUILTIN_PROFILES, args.chunk_size)
+    for s in sessions:
+        replay_session(model, s, args.k, BUILTIN_PROFILES, args.chunk_size)
     sync()
     replay_s = time.perf_counter() - t0
-    f_prefill, f_replay = flops(model, requests, args.k)
+    f_prefill, f_replay = flops(model, sessions, args.k)
     result = {
         "dims": args.dims, "layers": spec.num_hidden_layers, "device": device, "dtype": str(dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(), "k": args.k, "requests": len(requests), "tokens": tokens, "scored_tokens": scored,
+        "threads": torch.get_num_threads(), "k": args.k, "requests": len(requests), "tokens": tokens, "new_tokens": unique, "scored_tokens": scored,
         "replay_s": round(replay_s, 2), "prefill_s": round(prefill_s, 2), "ratio": round(replay_s / prefill_s, 2),
         "flop_floor_ratio": round(f_replay / f_prefill, 2), "tokens_per_s": round(tokens / replay_s, 1),
+        "new_tokens_per_s": round(unique / replay_s, 1),
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
     }
     if device.startswith("cuda"):

@@ -246,28 +246,39 @@ class MtpHead(nn.Module):
     # -- the two passes ----------------------------------------------------------------------
 
     @torch.no_grad()
-    def row_pass(self, hidden: Tensor, next_ids: Tensor, chunk_size: int = 2048) -> RowPass:
+    def row_pass(self, hidden: Tensor, next_ids: Tensor, chunk_size: int = 2048, prefix: RowPass | None = None) -> RowPass:
         """Run every row i = (h_i, x_{i+1}) at position i, filling the head's KV cache chunk by chunk.
 
-        hidden: [n, H] target post-final-norm states h_0..h_{n-1}; next_ids: [n] tokens x_1..x_n.
+        hidden: [m, H] target post-final-norm states, next_ids: [m] the tokens after them. Without
+        `prefix` these are rows 0..m-1; with it (rows 0..P-1 of the same request, computed before)
+        they are rows P..P+m-1, attending to the prefix's KV, and the result holds all P+m rows.
         """
         g = self.geometry
-        n = hidden.shape[0]
-        assert next_ids.shape == (n,), (next_ids.shape, n)
+        m = hidden.shape[0]
+        assert next_ids.shape == (m,), (next_ids.shape, m)
+        P = prefix.states.shape[0] if prefix is not None else 0
+        n = P + m
         device = self.device
         keys = torch.empty(g.num_kv_heads, n, g.head_dim, dtype=self.dtype, device=device)
         values = torch.empty_like(keys)
         states = torch.empty(n, g.hidden_size, dtype=self.dtype, device=device)
+        if prefix is not None:
+            keys[:, :P], values[:, :P], states[:P] = prefix.keys, prefix.values, prefix.states
         all_positions = torch.arange(n, device=device)
-        for c0 in range(0, n, chunk_size):
+        for c0 in range(P, n, chunk_size):
             c1 = min(n, c0 + chunk_size)
             positions = all_positions[c0:c1]
-            z = self.fc_input(hidden[c0:c1].to(device), next_ids[c0:c1].to(device))
+            z = self.fc_input(hidden[c0 - P : c1 - P].to(device), next_ids[c0 - P : c1 - P].to(device))
             query, gate, key, value = self.attention_inputs(z, positions)
             keys[:, c0:c1], values[:, c0:c1] = key, value
             attn = self._attend(query, keys[:, :c1], values[:, :c1], self._row_mask(positions, all_positions[:c1]))
             states[c0:c1] = self.finish_row(z, attn, gate)
         return RowPass(states=states, keys=keys, values=values)
+
+    @staticmethod
+    def rows_prefix(rows: RowPass, length: int) -> RowPass:
+        """The first `length` rows (what a later request sharing those tokens can start from)."""
+        return RowPass(states=rows.states[:length], keys=rows.keys[:, :length], values=rows.values[:, :length])
 
     @torch.no_grad()
     def chain(

@@ -112,35 +112,79 @@ class RequestResult:
     columns: dict  # positions.parquet columns of this request (numpy), see acceptance.request_rows
 
 
-def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size: int) -> dict:
-    """One request through the target and the head: the columns of its rows.
+@dataclass(frozen=True)
+class Carry:
+    """What one request leaves for the next when they share their first `length` tokens."""
 
-    1. target: chunked prefill -> post-norm hidden h at every position
-    2. head: one row pass over every position (its KV covers the prompt), then the chain at
-       every anchor of every span, depths batched over anchors
+    target: object  # target.TargetPrefix after tokens [0, length)
+    rows: object  # mtp.RowPass, rows 0..length-2 (row i needs x_{i+1}, also shared)
+
+    @property
+    def length(self) -> int:
+        return self.target.length
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size: int,
+                   carry: Carry | None = None, keep_at: int | None = None) -> tuple[dict, Carry | None]:
+    """One request through the target and the head: the columns of its rows, and what the next request reuses.
+
+    1. target: chunked prefill -> post-norm hidden h at every position (after `carry`'s shared prefix)
+    2. head: one row pass over every position (its KV covers the prompt; rows of the prefix are
+       reused), then the chain at every anchor of every span, depths batched over anchors
     3. target again, lm_head only at the rows' positions p+k-1 -> argmax, log-probs, sampler probs
     4. rows
+    Rows depend only on the tokens (causal attention), so reusing a prefix changes nothing measured
+    beyond floating-point rounding of where chunk boundaries fall.
     """
     from .acceptance import anchor_plan, request_rows, row_index
-    from .target import prefill_hidden, reduce_logits
+    from .target import prefill, reduce_logits
 
     ids = torch.tensor(request.input_ids, dtype=torch.long)
     n = ids.shape[0]
+    if carry is not None and not (carry.length < n and carry.length >= 2):
+        carry = None
+    if keep_at is not None and not (keep_at >= 2 and keep_at >= (carry.length if carry else 0)):
+        keep_at = None
     segments = torch.full((n,), -1, dtype=torch.int8)
     for sp in request.spans:
         segments[sp.start : sp.end + 1] = torch.frombuffer(bytearray(sp.segments), dtype=torch.int8)
     plan = anchor_plan(request.spans, k_max)
     index = row_index(plan, k_max)
-    hidden = prefill_hidden(model.target, ids, chunk_size=chunk_size)  # 1
-    rows = model.head.row_pass(hidden[:-1], ids[1:].to(hidden.device), chunk_size=chunk_size)  # 2
+    hidden, kept = prefill(model.target, ids, chunk_size, prefix=carry.target if carry else None, keep_at=keep_at)  # 1
+    P = carry.length - 1 if carry else 0  # rows 0..P-1 come from the previous request
+    rows = model.head.row_pass(hidden[P:-1], ids[P + 1 :].to(hidden.device), chunk_size=chunk_size,
+                               prefix=carry.rows if carry else None)  # 2
     drafts = model.head.chain(rows, plan.anchors, plan.depths)
+    following = Carry(kept, model.head.rows_prefix(rows, keep_at - 1)) if kept is not None else None
     del rows
     a, k = index.anchor_index, index.depth
     reductions = reduce_logits(  # 3
         model.target.lm_head.weight, hidden, index.target_position,
         drafts.tokens.cpu()[a, k - 1], ids[index.actual_position], tuple(profiles),
     )
-    return request_rows(ids, segments, plan, index, drafts.tokens, drafts.logprobs, reductions, k_max)  # 4
+    return request_rows(ids, segments, plan, index, drafts.tokens, drafts.logprobs, reductions, k_max), following  # 4
+
+
+def replay_session(model: LoadedModel, requests, k_max: int, profiles, chunk_size: int) -> list[tuple[int, dict]]:
+    """Every request of one session, in order, each starting from the prefix it shares with the one before."""
+    out, carry = [], None
+    for r, request in enumerate(requests):
+        after = requests[r + 1].input_ids if r + 1 < len(requests) else None
+        keep_at = shared_prefix(request.input_ids, after) if after is not None else None
+        if keep_at is not None and keep_at >= len(request.input_ids):
+            keep_at = len(request.input_ids) - 1  # the next request extends this one: keep all but the last token
+        columns, carry = replay_request(model, request, k_max, profiles, chunk_size, carry=carry, keep_at=keep_at)
+        out.append((request.index, columns))
+    return out
 
 
 def sha256_file(path: Path) -> str:
@@ -440,7 +484,7 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
                     raise
                 skip(item.index, e.path, e.line, e.session_id, str(e))
                 continue
-            per_request = [(r.index, replay_request(model, r, opts.k, opts.profiles, opts.chunk_size)) for r in rendered.requests]
+            per_request = replay_session(model, rendered.requests, opts.k, opts.profiles, opts.chunk_size)
             positions = tables.positions_table(item.id, per_request, names)
             requests = tables.requests_table(item.id, rendered.requests)
             tables.write_part(positions, out / tables.POSITIONS, name)  # positions first: a session is

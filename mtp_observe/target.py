@@ -22,29 +22,59 @@ def _cache_kwarg(text_model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-@torch.no_grad()
-def prefill_hidden(model, input_ids: Tensor, chunk_size: int = 2048) -> Tensor:
-    """input_ids: [n] -> h: [n, H], post-final-norm, computed chunk by chunk through the model's cache.
+@dataclass(frozen=True)
+class TargetPrefix:
+    """The target after the first `length` tokens of a request: where the next request can start.
 
-    Chunk boundaries may fall anywhere: the full-attention layers keep their KV in the cache and
-    the linear-attention layers their conv and recurrent states, so chunked == whole.
+    Consecutive requests of a session share long prefixes (a template that drops earlier reasoning
+    re-renders only from the previous assistant turn on), so the replay carries this over instead
+    of prefilling the shared tokens again — the serving engines' prefix cache, within a session.
     """
+
+    length: int
+    cache: object  # transformers DynamicCache after tokens [0, length) (KV and linear-attention states)
+    hidden: Tensor  # [length, H] post-norm h_0 .. h_{length-1}
+
+
+@torch.no_grad()
+def prefill(model, input_ids: Tensor, chunk_size: int = 2048, prefix: TargetPrefix | None = None,
+            keep_at: int | None = None) -> tuple[Tensor, TargetPrefix | None]:
+    """input_ids: [n] -> (h: [n, H] post-final-norm, the state after the first keep_at tokens or None).
+
+    Chunks go through the model's own cache: the full-attention layers keep their KV and the
+    linear-attention layers their conv and recurrent states, so chunked == whole wherever the
+    boundaries fall. With `prefix` (whose tokens must be input_ids[:prefix.length]) the prefill
+    starts after it; `keep_at` (>= the start) adds a chunk boundary there and snapshots the state.
+    """
+    import copy
+
     from transformers import DynamicCache
 
     text_model = model.model
     device = text_model.embed_tokens.weight.device
     n = input_ids.shape[0]
-    hidden = None  # [n, H], allocated where the final norm's output lives (the last device under a device map)
-    cache = DynamicCache(config=model.config)
+    start = prefix.length if prefix is not None else 0
+    assert start < n, "a prefix must leave at least one token to prefill"
+    assert keep_at is None or start <= keep_at <= n, (start, keep_at, n)
+    cache = prefix.cache if prefix is not None else DynamicCache(config=model.config)
     kw = _cache_kwarg(text_model)
-    for c0 in range(0, n, chunk_size):
-        c1 = min(n, c0 + chunk_size)
+    bounds = sorted(set(list(range(start, n, chunk_size)) + ([keep_at] if keep_at is not None else []) + [n]))
+    pieces = [prefix.hidden] if prefix is not None else []
+    kept = None
+    if keep_at == start and prefix is not None:
+        kept = TargetPrefix(start, copy.deepcopy(cache), prefix.hidden)
+    for c0, c1 in zip(bounds[:-1], bounds[1:]):
         chunk = input_ids[c0:c1].to(device)[None]
-        out = text_model(input_ids=chunk, use_cache=True, **{kw: cache}).last_hidden_state[0]
-        if hidden is None:
-            hidden = torch.empty(n, out.shape[-1], dtype=out.dtype, device=out.device)
-        hidden[c0:c1] = out
-    return hidden
+        pieces.append(text_model(input_ids=chunk, use_cache=True, **{kw: cache}).last_hidden_state[0])
+        if c1 == keep_at:
+            kept = TargetPrefix(keep_at, copy.deepcopy(cache), torch.cat(pieces)[:keep_at])
+    hidden = torch.cat([p.to(pieces[-1].device) for p in pieces])
+    return hidden, kept
+
+
+def prefill_hidden(model, input_ids: Tensor, chunk_size: int = 2048) -> Tensor:
+    """input_ids: [n] -> h: [n, H], post-final-norm (see `prefill`)."""
+    return prefill(model, input_ids, chunk_size)[0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -418,8 +418,8 @@ def test_the_import_command_prints_sessions_per_file_and_writes_what_the_session
     out = tmp_path / "imported.jsonl"
     r = cli("auto", *files, "-o", out)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == [f"{files[0]}: 1 sessions (claude-code)", f"{files[1]}: 1 sessions (claude-code)",
-                                     f"{files[2]}: 1 sessions (anthropic)", f"wrote 3 sessions to {out}"]
+    assert r.stdout.splitlines() == [f"{files[0]}: 1 session (claude-code)", f"{files[1]}: 1 session (claude-code)",
+                                     f"{files[2]}: 1 session (anthropic)", f"wrote 3 sessions to {out}"]
     shown = subprocess.run([sys.executable, "-m", "mtp_observe", "sessions", str(out), "--model", str(tiny_checkpoint)],
                            capture_output=True, text=True, env={"COLUMNS": "250", "PATH": ""})
     assert shown.returncode == 0, shown.stderr
@@ -440,7 +440,7 @@ def test_bad_input_is_one_line_naming_the_file_and_record_and_nothing_is_written
     r = cli("tau-bench", path, "-o", out, "--on-error", "skip")
     assert r.returncode == 0, r.stderr
     assert r.stderr.strip().splitlines() == [f"skipped: {path}: [1].traj: must be a list, not a string"]
-    assert r.stdout.splitlines()[0] == f"{path}: 1 sessions (tau-bench, 1 skipped)"
+    assert r.stdout.splitlines()[0] == f"{path}: 1 session (tau-bench, 1 skipped)"
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["runs-airline:1:0"]
 
 

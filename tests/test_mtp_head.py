@@ -258,3 +258,14 @@ def test_the_lower_right_causal_bias_used_on_cuda_is_the_explicit_mask(tiny_mode
     monkeypatch.setattr(head, "_row_mask", lambda q, k: mtp._lower_right(q.shape[0], k.shape[0]))
     biased = head.row_pass(hidden[:-1], ids[1:], chunk_size=37).states
     assert (explicit - biased).abs().max() < 1e-6
+
+
+def test_a_row_pass_continued_from_a_prefix_equals_the_whole_row_pass(tiny_model, request_tokens):
+    ids, hidden = request_tokens
+    head = tiny_model.head
+    whole = head.row_pass(hidden[:-1], ids[1:], chunk_size=64)
+    prefix = head.rows_prefix(head.row_pass(hidden[:120], ids[1:121], chunk_size=50), 120)
+    continued = head.row_pass(hidden[120:-1], ids[121:], chunk_size=33, prefix=prefix)
+    assert continued.states.shape == whole.states.shape
+    assert (continued.states - whole.states).abs().max() < 1e-5
+    assert (continued.keys - whole.keys).abs().max() < 1e-5

@@ -352,3 +352,24 @@ def test_device_map_auto_gives_the_same_rows(tiny_checkpoint, tmp_path):
     plain = replay([path], tiny_checkpoint, tmp_path / "plain", ReplayOptions(k=2, device="cpu"))
     mapped = replay([path], tiny_checkpoint, tmp_path / "mapped", ReplayOptions(k=2, device="cpu", device_map="auto"))
     pd.testing.assert_frame_equal(pd.read_parquet(plain / "positions.parquet"), pd.read_parquet(mapped / "positions.parquet"))
+
+
+def test_requests_that_share_a_prefix_give_the_same_rows_as_each_replayed_from_scratch(tiny_checkpoint, tiny_model):
+    from mtp_observe.pipeline import replay_request, replay_session, shared_prefix
+    from mtp_observe.rendering import Renderer
+    from mtp_observe.sessions import parse_record
+
+    session = parse_record(SESSION, path="x", line=1, index=0, stem="x")
+    requests = Renderer.from_model_dir(tiny_checkpoint).render(session).requests
+    assert len(requests) == 2 and requests[0].input_ids[:50] == requests[1].input_ids[:50]
+    shared = shared_prefix(requests[0].input_ids, requests[1].input_ids)
+    _, carry = replay_request(tiny_model, requests[0], 3, BUILTIN_PROFILES, chunk_size=37, keep_at=shared)
+    assert carry is not None and carry.length == shared > 50  # the second request starts after the first's prompt
+    reused = replay_session(tiny_model, requests, 3, BUILTIN_PROFILES, chunk_size=37)
+    for (index, columns), request in zip(reused, requests):
+        alone, _ = replay_request(tiny_model, request, 3, BUILTIN_PROFILES, chunk_size=37)
+        for name, values in alone.items():
+            if values.dtype.kind == "f":
+                assert abs(values - columns[name]).max() < 1e-4, name
+            else:
+                assert (values == columns[name]).all(), name
