@@ -34,9 +34,12 @@ turns share a request while the next prompt extends its tokens. Anchors p in [s,
 d_1..d_3 by `MtpHead.chain`; alpha_1 = #(d_1 == x_{p+1}) / #anchors; tau_sim(3) by walking
 each span. Negative controls: fc concat reversed, the target's pre-final-norm hidden state,
 h_i paired with x_i, and the hidden state delayed by one position (row i gets h_{i-1}; the
-other direction, h_{i+1}, would hand the head the target's own prediction of x_{i+2}). On this
-small model the pre-norm control cannot bite: without outlier channels the final norm is a
-positive per-channel rescale that the head reads through unchanged (tests/test_default_model.py).
+other direction, h_{i+1}, would hand the head the target's own prediction of x_{i+2}). Trained
+from scratch, this small model's final norm is a near-uniform positive rescale the head reads
+through, so the pre-norm control could not bite; the saved checkpoint therefore negates the
+final hidden space — an exact reparametrization, every output unchanged (`flip_channel_signs`,
+tests/test_default_model.py) — after which the pre-norm state disagrees with what the head
+reads, as released checkpoints' massive activations make it disagree there.
 
 Cost: one thread on purpose. On a shared 2-core machine two OpenMP threads spin-wait on each
 other and ran ~10x slower; one thread trains the default Config in ~16 min (950 s of training
@@ -112,6 +115,7 @@ class Config:
     seed: int = 0
     threads: int = 1  # one thread: deterministic, and immune to OpenMP spin-waiting on a shared CPU
     save_dtype: str = "bfloat16"  # ~7.9 MB on disk; float32 would be ~16 MB
+    flipped_channels: int = 192  # final-norm channels whose sign the saved checkpoint flips (see flip_channel_signs)
 
 
 # =============================================================================================
@@ -436,6 +440,32 @@ def train(cfg: Config, target, head: MtpHead, requests: list[Request], pad_id: i
 # Saving
 
 
+def flip_channel_signs(text_state: dict, lm_head: Tensor, head_state: dict, channels: Tensor) -> None:
+    """Flip the sign of some channels of the final hidden state, exactly preserving every output.
+
+    Negating (1 + w) of the target's final norm at `channels` negates those channels of h; negating
+    the same columns of the lm_head keeps the target's logits, negating (1 + w) of the head's
+    pre_fc_norm_hidden keeps what the head reads of h (RMS norms are blind to signs), and negating
+    (1 + w) of mtp.norm keeps the head's logits through the shared lm_head and what a chain step
+    reads of its own m. Nothing measured with the right hidden state changes (tests check it).
+
+    Why: trained from scratch, this small model's final norm is a near-uniform positive rescale
+    (1 + w in [1.28, 1.61]) that the head's own norm reads through, so the negative control that
+    feeds the pre-final-norm state could not bite, where on released checkpoints it does. With
+    signs flipped, the pre-norm state disagrees with what the head was trained on, as it does there.
+    The three flipped norm weights are stored in float32, so 1 + w' = -(1 + w) holds exactly.
+    """
+    def negate_scale(w: Tensor) -> Tensor:
+        w = w.float().clone()
+        w[channels] = -2.0 - w[channels]  # 1 + w' = -(1 + w)
+        return w
+
+    text_state["norm.weight"] = negate_scale(text_state["norm.weight"])
+    lm_head[:, channels] = -lm_head[:, channels]
+    for key in ("pre_fc_norm_hidden.weight", "norm.weight"):
+        head_state[key] = negate_scale(head_state[key])
+
+
 def save(cfg: Config, tc: dict, target, head: MtpHead, tokenizer_dir: Path, out: Path) -> None:
     dtype = getattr(torch, cfg.save_dtype)
     text_state = {k[len("model."):]: v.detach().to(dtype).contiguous() for k, v in target.state_dict().items()
@@ -447,6 +477,10 @@ def save(cfg: Config, tc: dict, target, head: MtpHead, tokenizer_dir: Path, out:
     for name in expected_head_shapes(head.geometry):
         key = name[len("mtp."):]
         head_state[key] = params[key.split(".")[-2]].detach().to(dtype).contiguous()
+    if cfg.flipped_channels:
+        assert lm_head is not None, "the flip negates lm_head columns, which a tied embedding would share"
+        gen = torch.Generator().manual_seed(cfg.seed + 2)
+        flip_channel_signs(text_state, lm_head, head_state, torch.randperm(cfg.hidden_size, generator=gen)[: cfg.flipped_channels])
     eos = [tc["eos_token_id"], tc["pad_token_id"]]
     save_checkpoint(out, text_config=tc, text_state=text_state, lm_head=lm_head, head_state=head_state, layout="vlm",
                     tie_word_embeddings=cfg.tie_word_embeddings, shards=1, eos_token_ids=eos)

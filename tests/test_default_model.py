@@ -213,33 +213,58 @@ def test_the_bundled_head_drafts_well_on_demo_sessions(small_demo_scores):
     assert small_demo_scores["tau_sim_3"] >= 1.8, small_demo_scores
 
 
-PRE_NORM_CANNOT_BITE = pytest.mark.xfail(
-    strict=True,
-    reason="this small model has no outlier channels: its final norm is a positive per-channel scale "
-    "(1 + w in about [1.3, 1.6]) and the head reads h the same way after any such rescaling, so the "
-    "pre-norm reading drafts exactly like the post-norm one (see the next test); in released Qwen3.5 "
-    "checkpoints the pre-norm residual stream is dominated by a few massive channels and it collapses",
-)
-
-
-@pytest.mark.parametrize("control", [
-    "reversed_concat", pytest.param("pre_norm_hidden", marks=PRE_NORM_CANNOT_BITE), "pair_h_i_with_x_i", "hidden_delayed_one",
-])
+@pytest.mark.parametrize("control", ["reversed_concat", "pre_norm_hidden", "pair_h_i_with_x_i", "hidden_delayed_one"])
 def test_each_wrong_reading_at_least_halves_depth_1_acceptance(small_demo_scores, control):
     alpha = small_demo_scores["alpha_1"]
     wrong = small_demo_scores["controls_alpha_1"][control]
     assert wrong <= alpha / 2, f"{control}: {wrong} vs {alpha}"
 
 
-def test_on_the_bundled_model_pre_norm_and_post_norm_hidden_states_point_the_same_way(trainer, default_model, tokenizer, demo_sessions):
-    """Why the pre-norm control cannot bite here: after the head's own RMS norm the two readings are
-    nearly the same vector (the final norm only rescales channels by similar positive factors)."""
+def test_the_bundled_checkpoints_sign_flip_changes_no_output(trainer, default_model, tokenizer, demo_sessions):
+    """The saved checkpoint negates the final hidden space (trainer.flip_channel_signs): undoing the flip
+    gives the same target logits and the same drafts, and it is what sets the pre-norm state against
+    what the head reads."""
+    from mtp_observe.mtp import MtpHead
+    from mtp_observe.target import prefill_hidden
+
     request = trainer.session_requests(tokenizer, demo_sessions[0])[0]
-    post, pre = trainer.prefill_with_pre_norm(default_model.target, torch.tensor(request.ids))
-    cos = torch.nn.functional.cosine_similarity(pre, post, dim=-1)
-    assert float(cos.min()) > 0.97, float(cos.min())
-    scale = 1 + default_model.target.model.norm.weight.float()
-    assert float(scale.min()) > 0, "a final norm that flips signs would make the pre-norm control bite"
+    ids = torch.tensor(request.ids)
+    target, head = default_model.target, default_model.head
+    assert float((1 + target.model.norm.weight.float()).max()) < 0  # every channel flipped
+    post, pre = trainer.prefill_with_pre_norm(target, ids)
+    assert float(torch.nn.functional.cosine_similarity(pre, post, dim=-1).max()) < -0.9
+
+    def drafts(h, hd):
+        rows = hd.row_pass(h[:-1], ids[1:])
+        anchors = torch.arange(1, len(ids))
+        return hd.chain(rows, anchors, torch.full_like(anchors, 3)).tokens
+
+    flipped_logits, flipped_drafts = target.lm_head(post), drafts(post, head)
+    # Undo: negate (1 + w) of the three norms and the lm_head back.
+    unflip = lambda w: -2.0 - w  # noqa: E731
+    lm_head = -target.lm_head.weight
+    tensors = {k: getattr(head, attr).detach().clone() for k, attr in {
+        "pre_fc_norm_embedding.weight": "pre_fc_norm_embedding", "pre_fc_norm_hidden.weight": "pre_fc_norm_hidden",
+        "fc.weight": "fc", "norm.weight": "norm", "layers.0.input_layernorm.weight": "input_layernorm",
+        "layers.0.post_attention_layernorm.weight": "post_attention_layernorm",
+        "layers.0.self_attn.q_proj.weight": "q_proj", "layers.0.self_attn.k_proj.weight": "k_proj",
+        "layers.0.self_attn.v_proj.weight": "v_proj", "layers.0.self_attn.o_proj.weight": "o_proj",
+        "layers.0.self_attn.q_norm.weight": "q_norm", "layers.0.self_attn.k_norm.weight": "k_norm",
+        "layers.0.mlp.gate_proj.weight": "gate_proj", "layers.0.mlp.up_proj.weight": "up_proj",
+        "layers.0.mlp.down_proj.weight": "down_proj"}.items()}
+    tensors["pre_fc_norm_hidden.weight"] = unflip(tensors["pre_fc_norm_hidden.weight"])
+    tensors["norm.weight"] = unflip(tensors["norm.weight"])
+    plain_head = MtpHead(head.geometry, tensors, head.embed_tokens, lm_head)
+    with torch.no_grad():
+        norm = target.model.norm.weight.clone()
+        target.model.norm.weight.copy_(unflip(norm))
+        try:
+            plain_post = prefill_hidden(target, ids)
+        finally:
+            target.model.norm.weight.copy_(norm)
+        assert torch.allclose(plain_post, -post, atol=1e-5)
+        assert (plain_post @ lm_head.T - flipped_logits).abs().max() < 1e-4
+    assert torch.equal(drafts(plain_post, plain_head), flipped_drafts)
 
 
 def test_tau_sim_walks_a_span_as_in_the_worked_example(trainer):
