@@ -53,12 +53,20 @@ def _default_corpus() -> list[str]:
     return corpus
 
 
-def train_tokenizer(corpus: list[str], vocab_size: int):
-    """A byte-level BPE (`tokenizers`) with ChatML special tokens; encodes any text."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def train_tokenizer(corpus: list[str], vocab_size: int, isolate_newlines: bool = False):
+    """A byte-level BPE (`tokenizers`) with ChatML special tokens; encodes any text.
+
+    isolate_newlines pre-splits every "\n" on its own, so a prompt ending in "\n" always
+    tokenizes as a prefix of its continuation (no "\n\n" token can straddle the cut).
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\n"), behavior="isolated"), byte_level])
+        if isolate_newlines else byte_level
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - len(MARKUP_TOKENS), special_tokens=SPECIAL_TOKENS, show_progress=False,
@@ -66,7 +74,7 @@ def train_tokenizer(corpus: list[str], vocab_size: int):
     )
     tok.train_from_iterator(corpus, trainer)
     tok.add_tokens(MARKUP_TOKENS)
-    assert tok.get_vocab_size() <= vocab_size
+    assert tok.get_vocab_size() <= vocab_size, (tok.get_vocab_size(), vocab_size)
     return tok
 
 

@@ -73,7 +73,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import generate_sessions  # noqa: E402  (scripts/generate_sessions.py)
 from mtp_observe.checkpoint import HeadGeometry, expected_head_shapes  # noqa: E402
 from mtp_observe.mtp import MtpHead, causal_mask  # noqa: E402
-from mtp_observe.synthetic import MARKUP_TOKENS, SPECIAL_TOKENS, chat_template, save_checkpoint  # noqa: E402
+from mtp_observe.synthetic import chat_template, save_checkpoint, train_tokenizer  # noqa: E402
 
 DEFAULT_OUT = ROOT / "mtp_observe" / "default_model"
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
@@ -178,22 +178,7 @@ def session_requests(tokenizer, session: dict) -> list[Request]:
 def train_bpe(texts: list[str], vocab_size: int):
     """Byte-level BPE with ChatML special tokens; newlines are pre-split one by one, so a prompt that
     ends in "\\n" tokenizes as a prefix of its continuation (no "\\n\\n" token can straddle the cut)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\n"), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(MARKUP_TOKENS), special_tokens=SPECIAL_TOKENS, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(texts, trainer)
-    tok.add_tokens(MARKUP_TOKENS)
-    assert tok.get_vocab_size() <= vocab_size, (tok.get_vocab_size(), vocab_size)
-    return tok
+    return train_tokenizer(texts, vocab_size, isolate_newlines=True)
 
 
 def write_tokenizer_files(directory: Path, tok) -> None:

@@ -40,11 +40,13 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from .common import Malformed, Options, Rejected, Source, as_dict, as_list, as_str, drop_orphan_results, join_text, loads, meta, originals, session
+from .common import (
+    MEDIA, Malformed, Options, Rejected, Source, as_dict, as_list, as_str, drop_orphan_results, join_text, loads, meta,
+    originals, result_text, session,
+)
 
 FORMAT = "anthropic"
 ANTHROPIC_BLOCKS = ("tool_use", "tool_result", "thinking", "redacted_thinking")
-MEDIA = ("image", "document")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,21 +121,6 @@ def _assistant(content, where: str, counts: _Counts) -> dict:
     return msg
 
 
-def _result_text(content, where: str, counts: _Counts) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    texts = []
-    for k, block in enumerate(as_list(content, where)):
-        block = as_dict(block, f"{where}[{k}]")
-        if block.get("type") == "text":
-            texts.append(as_str(block.get("text"), f"{where}[{k}].text"))
-        elif block.get("type") in MEDIA:
-            counts["media_blocks"] += 1
-        else:
-            counts["unsupported_blocks"] += 1
-    return join_text(texts)
-
-
 def _user(content, where: str, counts: _Counts) -> list[dict]:
     out, texts = [], []
     for k, block in enumerate(_blocks(content, f"{where}.content")):
@@ -147,7 +134,7 @@ def _user(content, where: str, counts: _Counts) -> list[dict]:
                 out.append({"role": "user", "content": join_text(texts)})
                 texts = []
             out.append({"role": "tool", "tool_call_id": as_str(block.get("tool_use_id"), f"{w}.tool_use_id"),
-                        "content": _result_text(block.get("content"), f"{w}.content", counts)})
+                        "content": result_text(block.get("content"), f"{w}.content", counts)})
         elif kind in MEDIA:
             counts["media_blocks"] += 1
         else:

@@ -37,11 +37,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .common import Malformed, Options, Source, as_dict, as_list, as_str, drop_orphan_results, join_text, load_tools_file, meta, originals, session
+from .common import (
+    MEDIA, Malformed, Options, Source, as_dict, as_list, as_str, drop_orphan_results, join_text, load_tools_file, meta,
+    originals, result_text, session,
+)
 
 FORMAT = "claude-code"
 EVENT_KEYS = ("sessionId", "uuid", "parentUuid", "leafUuid")
-MEDIA = ("image", "document")
 
 
 def detect_event(event) -> bool:
@@ -126,7 +128,7 @@ class _Part:
                     self._user_text(texts)
                     texts = []
                 self.messages.append({"role": "tool", "tool_call_id": as_str(block.get("tool_use_id"), f"{w}.tool_use_id"),
-                                      "content": self._result_text(block.get("content"), f"{w}.content")})
+                                      "content": result_text(block.get("content"), f"{w}.content", self.dropped)})
             elif kind in MEDIA:
                 self.dropped["media_blocks"] += 1
             else:
@@ -137,20 +139,6 @@ class _Part:
     def _user_text(self, texts: list[str]) -> None:
         self.close()
         self.messages.append({"role": "user", "content": join_text(texts)})
-
-    def _result_text(self, content, where: str) -> str:
-        if content is None or isinstance(content, str):
-            return content or ""
-        texts = []
-        for k, block in enumerate(as_list(content, where)):
-            block = as_dict(block, f"{where}[{k}]")
-            if block.get("type") == "text":
-                texts.append(as_str(block.get("text"), f"{where}[{k}].text"))
-            elif block.get("type") in MEDIA:
-                self.dropped["media_blocks"] += 1
-            else:
-                self.dropped["unsupported_blocks"] += 1
-        return join_text(texts)
 
     def finish(self) -> tuple[list[dict], int]:
         for m in self.messages:

@@ -268,6 +268,26 @@ def join_text(parts: list[str]) -> str:
 # Tool schemas and tool results
 
 
+MEDIA = ("image", "document")  # Anthropic content blocks that carry no text
+
+
+def result_text(content, where: str, dropped: dict) -> str:
+    """An Anthropic tool_result's content (a string or text/media blocks) as text; media and other
+    blocks are left out and counted in `dropped` (media_blocks, unsupported_blocks)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for k, block in enumerate(as_list(content, where)):
+        block = as_dict(block, f"{where}[{k}]")
+        if block.get("type") == "text":
+            texts.append(as_str(block.get("text"), f"{where}[{k}].text"))
+        elif block.get("type") in MEDIA:
+            dropped["media_blocks"] += 1
+        else:
+            dropped["unsupported_blocks"] += 1
+    return join_text(texts)
+
+
 def file_beside(path: Path, names) -> Path | None:
     """The first of `names` that is a file in `path`'s folder (names built from data may be unusable)."""
     for name in names:
