@@ -267,7 +267,7 @@ def plot(report: Report, path: str | Path, comparison: Comparison | None = None)
         right.axhline(v.gate.threshold, color="black", linewidth=1, linestyle="--", label=f"gate {v.gate.text}")
     right.plot([kb], [o.value.speedup[kb - 1]], marker="*", markersize=16, color="#d62728", linestyle="none",
                label=f"best K = {kb}")
-    right.set(title="Mean acceptance length and projected speedup vs K (95% bands)", xlabel="draft length K",
+    right.set(title="τ and projected speedup vs K (95% bands)", xlabel="draft length K",
               ylabel="τ: tokens per target step;  speedup: ×", xticks=ks)
     right.grid(alpha=0.3)
     right.legend(loc="upper left", fontsize=8)
