@@ -99,8 +99,6 @@ def _model_dir(model: Optional[Path]) -> Path:
 
 
 def _check_on_error(on_error: str) -> None:
-    from .errors import OptionError
-
     if on_error not in ("fail", "skip"):
         raise OptionError(f"--on-error {on_error}: expected fail or skip")
 
@@ -154,7 +152,6 @@ def sessions(
 def _show_session(files, renderer, session_id: str, on_error: str) -> None:
     from rich.text import Text
 
-    from .errors import OptionError
     from .rendering import SEGMENTS
     from .sessions import Skipped, read_sessions
 
@@ -187,7 +184,6 @@ def _show_session(files, renderer, session_id: str, on_error: str) -> None:
 
 
 def _parse_sampling(specs: list[str]):
-    from .errors import OptionError
     from .target import BUILTIN_PROFILES, SamplingProfile
 
     profiles = {p.name: p for p in BUILTIN_PROFILES}
