@@ -45,7 +45,7 @@ def human_bytes(n: float) -> str:
 
 @app.command()
 def inspect(
-    model: Annotated[Path, typer.Argument(help="Local checkpoint directory.")],
+    model: Annotated[Path, typer.Argument(metavar="MODEL", help="Local checkpoint directory.")],
     as_json: Annotated[bool, typer.Option("--json", help="Emit the numbers as JSON.")] = False,
 ) -> None:
     """What the head is: tensors, shapes, bytes, borrowed weights, draft-cost roofline (headers only)."""
@@ -105,7 +105,7 @@ def _check_on_error(on_error: str) -> None:
 
 @app.command()
 def sessions(
-    files: Annotated[list[Path], typer.Argument(help="Session JSONL files.")],
+    files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Session JSONL files.")],
     model: Annotated[Optional[Path], typer.Option("--model", help="Checkpoint directory whose tokenizer and chat template render the sessions (default: the bundled model).")] = None,
     show: Annotated[Optional[str], typer.Option("--show", help="Render one session, scored spans coloured by segment.")] = None,
     on_error: Annotated[str, typer.Option("--on-error", help="fail: stop at the first bad session; skip: warn, count it and go on.")] = "fail",
@@ -231,7 +231,7 @@ class _ProgressObserver:
 
 @app.command()
 def replay(
-    files: Annotated[list[Path], typer.Argument(help="Session JSONL files.")],
+    files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Session JSONL files.")],
     model: Annotated[Optional[Path], typer.Option("--model", help="Local checkpoint directory (default: the bundled model).")] = None,
     k: Annotated[int, typer.Option("--k", help="Draft depth Kmax; one replay answers every K <= Kmax.")] = 4,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run directory (default: reports/run-<time>).")] = None,
@@ -302,7 +302,7 @@ def check_writable(path: Optional[Path], option: str) -> None:
 
 @app.command()
 def report(
-    run: Annotated[Optional[Path], typer.Argument(help="Run directory (default: the newest under reports/).")] = None,
+    run: Annotated[Optional[Path], typer.Argument(metavar="RUN", help="Run directory (default: the newest under reports/).")] = None,
     gate: Annotated[Optional[str], typer.Option(help="Go/no-go gate, METRIC>=X with METRIC speedup, tau, tau_sim or alpha1; "
                                                      "judged on the 95% lower bound at the best K.")] = None,
     min_on_policy: Annotated[float, typer.Option(help="Below this on-policy rate the verdict is UNRELIABLE.")] = 0.9,
@@ -357,7 +357,7 @@ def report(
 
 @app.command()
 def probe(
-    model: Annotated[Path, typer.Argument(help="Local checkpoint directory.")],
+    model: Annotated[Path, typer.Argument(metavar="MODEL", help="Local checkpoint directory.")],
     context: Annotated[int, typer.Option(help="Tokens in the caches before each timed step.")] = 4096,
     k: Annotated[int, typer.Option("--k", help="Time the verify of K+1 tokens for K = 1..k.")] = 4,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
@@ -394,7 +394,7 @@ def probe(
 @app.command("import")
 def import_(
     fmt: Annotated[str, typer.Argument(metavar="FORMAT", help="tau-bench, tau2-bench, mini-swe-agent, claude-code, anthropic, or auto (detect each file's format).")],
-    files: Annotated[list[Path], typer.Argument(help="Log files in that format.")],
+    files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Log files in that format.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Canonical session JSONL to write (replaced atomically).")],
     tools: Annotated[Optional[Path], typer.Option("--tools", help="OpenAI tool schemas (JSON list) for logs that lack them: tau-bench, tau2-bench, claude-code.")] = None,
     system_template: Annotated[Optional[Path], typer.Option("--system-template", help="tau2-bench agent system prompt template with {domain_policy} (default: agent_system_prompt_template.txt beside the file).")] = None,
