@@ -318,7 +318,7 @@ def report(
 ) -> None:
     """Acceptance, projected speedup and a go/no-go verdict for a run directory (imports no torch)."""
     from .report import parse_gate, read_and_summarize, report_json
-    from .render import markdown, plot as draw, print_rich
+    from .presentation import markdown, plot as draw, print_rich
 
     if fmt not in REPORT_FORMATS:
         raise OptionError(f"--format {fmt}: expected one of {', '.join(REPORT_FORMATS)}")

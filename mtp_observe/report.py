@@ -18,7 +18,7 @@ Contract:
                                      all of the above, as `mtp-observe report` runs it
 
 Counts are taken here (`tally`); rates are derived only in `metrics.py`; presenting lives in
-`render.py` and `heatmap.py`. Imports no torch: pandas, numpy and pyarrow only, so a CI job
+`presentation.py` and `heatmap.py`. Imports no torch: pandas, numpy and pyarrow only, so a CI job
 reads a run without the model stack.
 """
 

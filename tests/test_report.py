@@ -514,7 +514,7 @@ for argv in (["report", {str(hand_run)!r}, "--format", "json", "--probe", {str(p
         main(argv)
     except SystemExit as e:
         assert e.code == 0, e.code
-import mtp_observe.report, mtp_observe.render, mtp_observe.heatmap, mtp_observe.metrics
+import mtp_observe.report, mtp_observe.presentation, mtp_observe.heatmap, mtp_observe.metrics
 assert "torch" not in sys.modules and "transformers" not in sys.modules, "the report imported torch"
 print("no torch")
 """
