@@ -1,7 +1,7 @@
 """Replay cost against the bare target prefill, on one fixed workload, ratios in one run.
 
     python benchmarks/replay_bench.py [--sessions N] [--threads T] [--device cpu|cuda] [--dtype ...] [--json OUT]
-                                      [--dims small|0.8b|27b] [--layers L]
+                                      [--dims small|0.8b|27b] [--layers L] [--source auto|public|generated] [--vocab V]
 
 Workload: a Qwen3.5-shaped model with the real vocabulary (248,320) written with random weights
 (`--dims small`, the default, has reduced depth and width so it runs on a laptop CPU; `0.8b` and
@@ -52,10 +52,10 @@ DIMS = {
 }
 
 
-def sessions_file(work: Path, n: int) -> Path:
+def sessions_file(work: Path, n: int, source: str) -> Path:
     shared = Path(__file__).resolve().parents[2] / "shared" / "sessions-public" / "tau-bench_gpt-4o-airline"
     out = work / "sessions.jsonl"
-    if shared.is_dir():
+    if source == "public" or (source == "auto" and shared.is_dir()):
         tools = json.loads((shared / "tools_airline.openai.json").read_text())
         data = json.loads((shared / "gpt-4o-airline.json").read_text())[:n]
         out.write_text("".join(json.dumps({"id": f"{s['task_id']}-{s['trial']}", "messages": s["traj"], "tools": tools}) + "\n" for s in data))
@@ -123,6 +123,9 @@ def main() -> None:
     ap.add_argument("--dims", default="small", choices=sorted(DIMS))
     ap.add_argument("--layers", type=int, default=None, help="override the number of target layers")
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--source", default="auto", choices=("auto", "public", "generated"),
+                    help="tau-bench sessions of ../shared/sessions-public (auto: when present) or generated ones")
+    ap.add_argument("--vocab", type=int, default=248_320, help="vocabulary size (the real one by default; smaller for a smoke test)")
     ap.add_argument("--chunk-size", type=int, default=2048)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--keep-model", type=Path, default=None, help="write the checkpoint here and keep it (e.g. for probe)")
@@ -135,13 +138,13 @@ def main() -> None:
     dims = dict(DIMS[args.dims])
     if args.layers:
         dims["num_hidden_layers"] = args.layers
-    spec = SyntheticSpec(vocab_size=248_320, shards=1, dtype="bfloat16" if dtype == torch.bfloat16 else "float32", **dims)
+    spec = SyntheticSpec(vocab_size=args.vocab, shards=1, dtype="bfloat16" if dtype == torch.bfloat16 else "float32", **dims)
     t0 = time.time()
     model_dir = write_synthetic_checkpoint(args.keep_model or work / "model", spec)
-    print(f"model written in {time.time() - t0:.0f} s: {args.dims} dims, vocab 248,320, {spec.num_hidden_layers} layers")
+    print(f"model written in {time.time() - t0:.0f} s: {args.dims} dims, vocab {args.vocab:,}, {spec.num_hidden_layers} layers")
     model = load_model(model_dir, device=device, dtype=dtype)
     renderer = Renderer.from_model_dir(model_dir)
-    sessions = [renderer.render(s).requests for s in read_sessions([sessions_file(work, args.sessions)])]
+    sessions = [renderer.render(s).requests for s in read_sessions([sessions_file(work, args.sessions, args.source)])]
     requests = [r for s in sessions for r in s]
     tokens = sum(len(r.input_ids) for r in requests)
     unique = sum(len(r.input_ids) - s0 for s in sessions for r, s0 in zip(s, starts(s)))
@@ -160,7 +163,7 @@ def main() -> None:
     t0 = time.perf_counter()
     for s in sessions:  # the bare target over the same new tokens: the same prefix reuse, no head, no lm_head
         carry = None
-        for r, after in zip(s, s[1:] + [None]):
+        for r, after in zip(s, [*s[1:], None]):
             keep = min(shared_prefix(r.input_ids, after.input_ids), len(r.input_ids) - 1) if after else None
             keep = keep if keep is not None and keep >= 2 and keep >= (carry.length if carry else 0) else None
             carry = carry if carry is not None and 2 <= carry.length < len(r.input_ids) else None
@@ -174,7 +177,7 @@ def main() -> None:
     replay_s = time.perf_counter() - t0
     f_prefill, f_replay = flops(model, sessions, args.k)
     result = {
-        "dims": args.dims, "layers": spec.num_hidden_layers, "device": device, "dtype": str(dtype).removeprefix("torch."),
+        "dims": args.dims, "vocab": args.vocab, "sessions": len(sessions), "layers": spec.num_hidden_layers, "device": device, "dtype": str(dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(), "k": args.k, "requests": len(requests), "tokens": tokens, "new_tokens": unique, "scored_tokens": scored,
         "replay_s": round(replay_s, 2), "prefill_s": round(prefill_s, 2), "ratio": round(replay_s / prefill_s, 2),
         "flop_floor_ratio": round(f_replay / f_prefill, 2), "tokens_per_s": round(tokens / replay_s, 1),

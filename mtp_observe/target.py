@@ -110,24 +110,32 @@ class Reductions:
     p_accept: dict  # profile name -> [R] fp32  probability the profile's sampler emits d_k
 
 
-def sampler_probability(logits: Tensor, profile: SamplingProfile, rows: Tensor, tokens: Tensor) -> Tensor:
+def sampler_probability(
+    logits: Tensor, profile: SamplingProfile, rows: Tensor, tokens: Tensor, ranked: tuple[Tensor, Tensor] | None = None
+) -> Tensor:
     """Probability that `profile`'s sampler emits tokens[r] from logits[rows[r]].
 
-    logits: [c, V] fp32; rows: [R] indices into c; tokens: [R]. As vLLM samples: divide by the
-    temperature; keep the top_k largest (exactly k; exact ties at the k-th value are broken by
-    index); then top-p on the kept distribution — sorted ascending, drop while the cumulative
-    probability is <= 1 - top_p, always keep the largest; renormalise.
+    logits: [c, V] fp32; rows: [R] indices into c; tokens: [R]; ranked: optionally logits.topk(k')
+    for some k' >= top_k (values [c, k'] descending, index [c, k']), shared between profiles. As vLLM
+    samples: divide by the temperature; keep the top_k largest (exactly k; exact ties at the k-th
+    value are broken by index); then top-p on the kept distribution — sorted ascending, drop while
+    the cumulative probability is <= 1 - top_p, always keep the largest; renormalise.
     Worked example: probabilities (0.5, 0.3, 0.15, 0.05), top_p 0.8: ascending cumsum
     (0.05, 0.2, 0.5, 1.0) <= 0.2 drops the two smallest; the rest renormalise to (0.625, 0.375).
+    Dividing by a positive temperature keeps the order, so the ranking is taken on the raw logits
+    and only the k kept values are divided (not the whole vocabulary).
     """
     if profile.temperature == 0:
         return (logits.argmax(-1)[rows] == tokens).float()
-    scaled = logits / profile.temperature
     V = logits.shape[-1]
     if 0 < profile.top_k < V:
-        values, index = scaled.topk(profile.top_k, dim=-1)  # [c, k], descending
+        if ranked is not None and ranked[0].shape[-1] >= profile.top_k:
+            values, index = ranked[0][:, : profile.top_k], ranked[1][:, : profile.top_k]
+        else:
+            values, index = logits.topk(profile.top_k, dim=-1)  # [c, k], descending
     else:
-        values, index = scaled.sort(dim=-1, descending=True)
+        values, index = logits.sort(dim=-1, descending=True)
+    values = values / profile.temperature
     if profile.top_p < 1.0:
         ascending = torch.softmax(values, dim=-1).flip(-1)
         drop = ascending.cumsum(-1) <= 1 - profile.top_p
@@ -170,6 +178,7 @@ def reduce_logits(
     sorted_inverse = inverse[order]
     full_sort = any(not (0 < p.top_k < V) and p.temperature != 0 for p in profiles)
     chunk = max(1, budget // (V * (3 if full_sort else 1)))
+    top_k = max((p.top_k for p in profiles if p.temperature != 0 and 0 < p.top_k < V), default=0)
     for c0 in range(0, unique.shape[0], chunk):
         c1 = min(unique.shape[0], c0 + chunk)
         lo, hi = torch.searchsorted(sorted_inverse, torch.tensor([c0, c1], device=device)).tolist()
@@ -180,7 +189,8 @@ def reduce_logits(
         out_token[sel] = logits.argmax(-1)[local]
         out_target[sel] = logits[local, drafts[sel]] - lse[local]
         out_actual[sel] = logits[local, actuals[sel]] - lse[local]
+        ranked = logits.topk(top_k, dim=-1) if top_k else None  # one ranking for every top-k profile
         for p in profiles:
-            out_p[p.name][sel] = sampler_probability(logits, p, local, drafts[sel])
+            out_p[p.name][sel] = sampler_probability(logits, p, local, drafts[sel], ranked)
         del logits
     return Reductions(out_token, out_target, out_actual, out_p)

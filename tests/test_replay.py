@@ -131,7 +131,8 @@ def test_reduce_logits_equals_brute_force_on_every_profile_and_chunking(tiny_mod
     drafts = torch.randint(0, W.shape[0], (120,), generator=gen)
     drafts[::3] = (hidden[positions[::3]] @ W.T).argmax(-1)  # some drafts are the argmax: non-zero probabilities
     actuals = torch.randint(0, W.shape[0], (120,), generator=gen)
-    profiles = BUILTIN_PROFILES + (SamplingProfile("full", 1.3, 0.9, 0), SamplingProfile("greedy", 0.0))
+    # "narrow" takes its top 5 from the ranking shared with the top-20 profiles
+    profiles = BUILTIN_PROFILES + (SamplingProfile("full", 1.3, 0.9, 0), SamplingProfile("greedy", 0.0), SamplingProfile("narrow", 0.9, 0.7, 5))
     small = reduce_logits(W, hidden, positions, drafts, actuals, profiles, budget=W.shape[0] * 7)  # 7 rows a chunk
     whole = reduce_logits(W, hidden, positions, drafts, actuals, profiles)
     logits = (hidden @ W.T).float()

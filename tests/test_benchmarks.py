@@ -1,0 +1,36 @@
+"""The benchmark scripts run end to end (tiny workloads): a broken benchmark is a broken GPU check."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_replay_benchmark_reports_every_figure_on_a_tiny_workload(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "replay_bench.py"), "--source", "generated", "--sessions", "2",
+         "--vocab", "1000", "--threads", "1", "--k", "3", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["vocab"] == 1000 and result["sessions"] == 2 and result["k"] == 3
+    assert result["requests"] >= 2 and 0 < result["new_tokens"] <= result["tokens"] and result["scored_tokens"] > 0
+    assert result["replay_s"] > 0 and result["prefill_s"] > 0 and result["flop_floor_ratio"] > 1
+    assert abs(result["ratio"] - result["replay_s"] / result["prefill_s"]) < 0.05
+    assert result["peak_rss_gb"] > 0
+
+
+def test_the_sessions_benchmark_streams_a_generated_file_through_the_cli(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "sessions_bench.py"), "--gb", "0.0005", "--keep", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "peak RSS" in proc.stdout and "sessions" in proc.stdout
+    assert (tmp_path / "big.jsonl").stat().st_size >= 500_000
