@@ -27,7 +27,8 @@ app = typer.Typer(
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
-out = Console(highlight=False)
+# Piped without COLUMNS, rich would assume 80 columns and fold or truncate the tables; a log is wider.
+out = Console(highlight=False, width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
 err = Console(stderr=True, highlight=False)
 
 
@@ -113,6 +114,8 @@ def sessions(
     """What a replay would score: sessions, turns, requests, prompt and scored tokens per segment."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from rich.measure import Measurement
+
     from .checkpoint import read_checkpoint
     from .rendering import SEGMENTS, Renderer, survey
 
@@ -133,15 +136,26 @@ def sessions(
                 progress.update(task, description=f"{seen[0]:,} sessions")
 
         per_file, total, skipped = survey(files, renderer, on_error=on_error, on_session=tick)
-    t = Table(title="sessions as the replay will score them",
-              caption="turns: assistant turns · prompt: tokens replayed but not scored · then scored tokens per segment")
-    t.add_column("file", overflow="fold")
-    for c in ("sessions", "skipped", "turns", "requests", "prompt", *SEGMENTS, "scored"):
-        t.add_column(c, justify="right", no_wrap=True)
     rows = list(per_file.items()) + ([("total", total)] if len(per_file) > 1 else [])
-    for name, c in rows:
-        t.add_row(Path(name).name if name != "total" else "total", f"{c.sessions:,}", f"{c.skipped:,}", f"{c.assistant_turns:,}", f"{c.requests:,}",
-                  f"{c.prompt_tokens:,}", *[f"{c.scored[s]:,}" for s in SEGMENTS], f"{c.scored_tokens:,}")
+    columns = ("sessions", "skipped", "turns", "requests", "prompt", *SEGMENTS, "scored")
+    cells = [[Path(name).name if name != "total" else "total", f"{c.sessions:,}", f"{c.skipped:,}", f"{c.assistant_turns:,}",
+              f"{c.requests:,}", f"{c.prompt_tokens:,}", *[f"{c.scored[s]:,}" for s in SEGMENTS], f"{c.scored_tokens:,}"]
+             for name, c in rows]
+    title = "sessions as the replay will score them"
+    caption = "turns: assistant turns · prompt: tokens replayed but not scored · then scored tokens per segment"
+    t = Table(title=title, caption=caption)
+    t.add_column("file", overflow="fold", min_width=12)
+    for c in columns:
+        t.add_column(c, justify="right", no_wrap=True)
+    for r in cells:
+        t.add_row(*r)
+    if Measurement.get(out, out.options.update_width(10_000), t).maximum > out.width:  # a narrow terminal: a file per column instead, nothing truncated
+        t = Table(title=title, caption=caption)
+        t.add_column("")
+        for r in cells:
+            t.add_column(r[0], justify="right", overflow="fold")
+        for i, c in enumerate(columns, start=1):
+            t.add_row(c, *[r[i] for r in cells])
     out.print(t)
     for s in skipped[:20]:
         err.print(f"skipped: {s.message}", markup=False, soft_wrap=True)
@@ -337,9 +351,7 @@ def report(
     elif fmt == "markdown":
         print(markdown(result, comparison), end="")
     else:
-        # Piped without COLUMNS, rich would assume 80 columns and fold the intervals; a log is wider.
-        wide = out if out.is_terminal or "COLUMNS" in os.environ else Console(highlight=False, width=160)
-        print_rich(result, comparison, wide)
+        print_rich(result, comparison, out)
     sys.stdout.flush()
     if plot is not None:
         err.print(f"wrote {draw(result, plot, comparison)}", markup=False, soft_wrap=True)

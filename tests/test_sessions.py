@@ -362,6 +362,19 @@ def test_the_sessions_command_summarises_and_shows_one_session(tiny_checkpoint, 
     assert missing.returncode == 2 and "--show nope" in missing.stderr
 
 
+def test_an_80_column_terminal_gets_the_summary_with_a_file_per_column_and_nothing_truncated(tiny_checkpoint, tmp_path):
+    path = write_jsonl(tmp_path / "tools.jsonl", [TOOL_SESSION, MULTI_USER])
+    wide, narrow = (subprocess.run([sys.executable, "-m", "mtp_observe", "sessions", str(path), "--model", str(tiny_checkpoint)],
+                                   capture_output=True, text=True, env={"COLUMNS": cols, "PATH": ""}) for cols in ("250", "80"))
+    assert wide.returncode == narrow.returncode == 0, narrow.stderr
+    assert max(map(len, narrow.stdout.splitlines())) <= 80 and "…" not in narrow.stdout
+    row = next(line for line in wide.stdout.splitlines() if "tools.jsonl" in line)
+    values = [c.strip() for c in row.split("│") if c.strip()][1:]
+    column = [[c.strip() for c in line.split("│") if c.strip()] for line in narrow.stdout.splitlines() if line.startswith("│")]
+    assert [r[0] for r in column] == ["sessions", "skipped", "turns", "requests", "prompt", *SEGMENTS, "scored"]
+    assert [r[1] for r in column] == values  # the same numbers as the wide table, transposed
+
+
 @needs_public
 def test_incremental_tokenization_equals_encoding_every_text_whole(tiny_checkpoint, tmp_path):
     path = write_jsonl(tmp_path / "tau.jsonl", tau_bench_sessions(3) + tau2_sessions(2))
