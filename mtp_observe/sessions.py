@@ -108,6 +108,10 @@ def _text(content, where: str) -> str:
     raise ValueError(f"{where} content must be a string, null or a list of text parts, not {type(content).__name__}")
 
 
+def _json_type(value) -> str:
+    return {list: "array", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
 def _tool_calls(calls, where: str) -> list[dict]:
     if not isinstance(calls, list):
         raise ValueError(f"{where} tool_calls must be a list")
@@ -126,6 +130,11 @@ def _tool_calls(calls, where: str) -> list[dict]:
                 args = json.loads(args) if args.strip() else {}
             except ValueError as e:
                 raise ValueError(f"{w} ({name}) arguments are not valid JSON ({e.msg} at char {e.pos}); fix the arguments string")
+        if not isinstance(args, dict):
+            # Chat templates render arguments as name/value parameters: anything but an object would be
+            # dropped from (or crash) the rendering, and no tool-calling API produces one.
+            raise ValueError(f"{w} ({name}) arguments are a JSON {_json_type(args)}, not an object; "
+                             'give the arguments as an object of parameters, e.g. {"query": "..."}')
         out.append({"id": call.get("id"), "type": "function", "function": {"name": name, "arguments": args}})
     return out
 

@@ -297,6 +297,7 @@ BAD_CASES = {
     "unknown role": ({"messages": [{"role": "robot", "content": "x"}, {"role": "assistant", "content": "a"}]}, "unknown role 'robot'"),
     "tool result without a call": ({"messages": [{"role": "user", "content": "q"}, {"role": "tool", "tool_call_id": "x", "content": "r"}, {"role": "assistant", "content": "a"}]}, "no preceding call"),
     "arguments not JSON": ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, "not valid JSON"),
+    "arguments not an object": ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "[1, 2]"}}]}]}, "arguments are a JSON array, not an object"),
     "empty session": ({"messages": []}, "empty session"),
     "no assistant turn": ({"messages": [{"role": "user", "content": "q"}]}, "no assistant turn to score"),
     "non-text part": ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}, {"role": "assistant", "content": "a"}]}, "non-text content part"),
