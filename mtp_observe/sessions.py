@@ -243,7 +243,9 @@ def parse_record(record, *, path: str, line: int, index: int, stem: str) -> Sess
 def _json_lines(path: Path) -> Iterator[tuple[int, object]]:
     """(line number, parsed JSON) for every non-blank line, streamed. Invalid JSON is a SessionError."""
     try:
-        f = open(path, encoding="utf-8")
+        # Lines end at \n only (\r\n too: the \r is JSON whitespace); a raw \r is whitespace JSON allows
+        # inside a value, so universal newlines would split a valid line in two.
+        f = open(path, encoding="utf-8", newline="\n")
     except OSError as e:
         raise InputError(f"{path}: cannot open ({e.strerror}); check the path")
     with f:

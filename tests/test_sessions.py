@@ -325,6 +325,16 @@ def test_each_bad_input_is_exit_2_with_one_line_naming_the_file_and_line(tiny_ch
         assert "session bad" in lines[0]
 
 
+def test_windows_line_endings_and_a_raw_carriage_return_inside_a_line_read_as_one_session_per_line(tmp_path):
+    path = tmp_path / "crlf.jsonl"
+    first = json.dumps(dict(GOOD, id="a"))
+    second = json.dumps(dict(GOOD, id="b")).replace('"messages":', '"messages":\r', 1)  # \r is JSON whitespace
+    path.write_bytes((first + "\r\n" + second + "\r\n" + "{bad\r\n").encode())
+    items = list(read_sessions([path], on_error="skip"))
+    assert [getattr(i, "id", None) for i in items[:2]] == ["a", "b"]
+    assert isinstance(items[2], Skipped) and items[2].line == 3
+
+
 def test_a_bad_line_in_a_message_file_names_that_line(tiny_checkpoint, tmp_path):
     path = tmp_path / "msgs.jsonl"
     lines = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "wizard", "content": "x"}]
