@@ -41,8 +41,8 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 from .common import (
-    MEDIA, Malformed, Options, Rejected, Source, as_dict, as_list, as_str, drop_orphan_results, join_text, loads, meta,
-    originals, result_text, session,
+    Malformed, Options, Rejected, Source, as_dict, as_list, as_str, drop_orphan_results, join_text, loads, meta,
+    originals, session, user_messages,
 )
 
 FORMAT = "anthropic"
@@ -122,26 +122,7 @@ def _assistant(content, where: str, counts: _Counts) -> dict:
 
 
 def _user(content, where: str, counts: _Counts) -> list[dict]:
-    out, texts = [], []
-    for k, block in enumerate(_blocks(content, f"{where}.content")):
-        w = f"{where}.content[{k}]"
-        block = as_dict(block, w)
-        kind = block.get("type")
-        if kind == "text":
-            texts.append(as_str(block.get("text"), f"{w}.text"))
-        elif kind == "tool_result":
-            if texts:
-                out.append({"role": "user", "content": join_text(texts)})
-                texts = []
-            out.append({"role": "tool", "tool_call_id": as_str(block.get("tool_use_id"), f"{w}.tool_use_id"),
-                        "content": result_text(block.get("content"), f"{w}.content", counts)})
-        elif kind in MEDIA:
-            counts["media_blocks"] += 1
-        else:
-            counts["unsupported_blocks"] += 1
-    if texts or not out:
-        out.append({"role": "user", "content": join_text(texts)})
-    return out
+    return user_messages(content, where, counts) or [{"role": "user", "content": ""}]
 
 
 def _system(system, where: str) -> str | None:

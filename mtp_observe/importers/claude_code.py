@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .common import (
-    MEDIA, Malformed, Options, Source, as_dict, as_list, as_str, drop_orphan_results, join_text, load_tools_file, meta,
-    originals, result_text, session,
+    Malformed, Options, Source, as_dict, as_list, as_str, drop_orphan_results, join_text, load_tools_file, meta,
+    originals, session, user_messages,
 )
 
 FORMAT = "claude-code"
@@ -112,29 +112,11 @@ class _Part:
     # -- user -----------------------------------------------------------------------------------
 
     def user(self, message: dict, where: str) -> None:
-        content = message.get("content")
-        if isinstance(content, str):
-            self._user_text([content])
-            return
-        texts: list[str] = []
-        for k, block in enumerate(as_list(content, f"{where}.content")):
-            w = f"{where}.content[{k}]"
-            block = as_dict(block, w)
-            kind = block.get("type")
-            if kind == "text":
-                texts.append(as_str(block.get("text"), f"{w}.text"))
-            elif kind == "tool_result":
-                if texts:
-                    self._user_text(texts)
-                    texts = []
-                self.messages.append({"role": "tool", "tool_call_id": as_str(block.get("tool_use_id"), f"{w}.tool_use_id"),
-                                      "content": result_text(block.get("content"), f"{w}.content", self.dropped)})
-            elif kind in MEDIA:
-                self.dropped["media_blocks"] += 1
+        for m in user_messages(message.get("content"), where, self.dropped):
+            if m["role"] == "user":
+                self._user_text([m["content"]])
             else:
-                self.dropped["unsupported_blocks"] += 1
-        if texts:
-            self._user_text(texts)
+                self.messages.append(m)
 
     def _user_text(self, texts: list[str]) -> None:
         self.close()

@@ -288,6 +288,34 @@ def result_text(content, where: str, dropped: dict) -> str:
     return join_text(texts)
 
 
+def user_messages(content, where: str, dropped: dict) -> list[dict]:
+    """An Anthropic user turn's content (a string or blocks) as messages, in order: each run of text
+    blocks one `user` message, each tool_result a `tool` message; media and other blocks are left out
+    and counted in `dropped`. Empty content gives no message."""
+    if isinstance(content, str):
+        return [{"role": "user", "content": content}]
+    out, texts = [], []
+    for k, block in enumerate(as_list(content, f"{where}.content")):
+        w = f"{where}.content[{k}]"
+        block = as_dict(block, w)
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(as_str(block.get("text"), f"{w}.text"))
+        elif kind == "tool_result":
+            if texts:
+                out.append({"role": "user", "content": join_text(texts)})
+                texts = []
+            out.append({"role": "tool", "tool_call_id": as_str(block.get("tool_use_id"), f"{w}.tool_use_id"),
+                        "content": result_text(block.get("content"), f"{w}.content", dropped)})
+        elif kind in MEDIA:
+            dropped["media_blocks"] += 1
+        else:
+            dropped["unsupported_blocks"] += 1
+    if texts:
+        out.append({"role": "user", "content": join_text(texts)})
+    return out
+
+
 def file_beside(path: Path, names) -> Path | None:
     """The first of `names` that is a file in `path`'s folder (names built from data may be unusable)."""
     for name in names:
