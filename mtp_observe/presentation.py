@@ -188,18 +188,43 @@ def delta_tables(report: Report, comparison: Comparison) -> list[TextTable]:
 # Drawing the tables
 
 
+def column_groups(columns: list[str], rows: list[list[str]], width: int) -> list[list[int]]:
+    """Column indices per printed table: the first (label) column, then as many of the others as fit
+    in `width` terminal columns, and the rest in further tables — a narrow terminal gets a table
+    continued below it rather than truncated numbers."""
+
+    def cell_width(text: str) -> int:
+        return max((len(line) for line in str(text).splitlines()), default=0)
+
+    widths = [max([cell_width(c)] + [cell_width(r[i]) for r in rows]) + 3 for i, c in enumerate(columns)]  # 2 padding, 1 rule
+    groups, current, used = [], [0], widths[0] + 1
+    for i in range(1, len(columns)):
+        if len(current) > 1 and used + widths[i] > width:
+            groups.append(current)
+            current, used = [0], widths[0] + 1
+        current.append(i)
+        used += widths[i]
+    return groups + [current]
+
+
 def print_rich(report: Report, comparison: Comparison | None, console) -> None:
     from rich.table import Table
 
     for line in header_lines(report, comparison):
         console.print(line, markup=False, soft_wrap=True)
     for t in report_tables(report, comparison):
-        table = Table(title=t.title, caption=t.caption or None, title_justify="left")
-        for i, c in enumerate(t.columns):
-            table.add_column(c, justify="left" if i == 0 else "right")
-        for row in t.rows:
-            table.add_row(*row)
-        console.print(table)
+        groups = column_groups(t.columns, t.rows, console.width)
+        for n, group in enumerate(groups):
+            last = n == len(groups) - 1
+            title = t.title if n == 0 else f"{t.title} (continued)"
+            table = Table(title=title, caption=(t.caption or None) if last and len(groups) == 1 else None, title_justify="left")
+            for i in group:
+                table.add_column(t.columns[i], justify="left" if i == 0 else "right", no_wrap=True)
+            for row in t.rows:
+                table.add_row(*[row[i] for i in group])
+            console.print(table)
+        if len(groups) > 1 and t.caption:  # the whole width, not the last part's
+            console.print(t.caption, style="dim", markup=False)
     for note in report.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True, style="yellow")
     colour = {"GO": "bold green", "NO-GO": "bold red", "UNRELIABLE": "bold yellow"}[report.verdict.status]

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from .handmade import HandSpan, hand_run_sessions, random_sessions, write_run
 from mtp_observe.errors import OptionError, RunDirectoryError
 from mtp_observe.metrics import Counts, rates, simulate_decode, simulate_decode_reference
+from mtp_observe.presentation import column_groups
 from mtp_observe.report import (
     compare, load_run, newest_run, parse_gate, read_and_summarize, report_json, resolve_cost, summarize,
 )
@@ -52,7 +53,7 @@ def summary(path: Path, draft_cost: float | None = None, **options):
 
 
 def cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    environment = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200", **(env or {}))
+    environment = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", **(env or {})}
     return subprocess.run([sys.executable, "-m", "mtp_observe", *args], capture_output=True, text=True, cwd=cwd,
                           env=environment)
 
@@ -472,6 +473,29 @@ def test_the_table_format_shows_every_k_slice_and_the_verdict(hand_run):
     assert r.returncode == 0, r.stderr
     for text in ("τ_sim(K)", "τ_thinking", "2 ★", "by segment", "tool_call", "by turn", "by session", "GO  [tau>=1.5]"):
         assert text in r.stdout
+
+
+def test_an_80_column_terminal_gets_each_table_continued_below_it_with_no_number_truncated(big_run):
+    wide = cli("report", str(big_run), "--replicates", "100")
+    narrow = cli("report", str(big_run), "--replicates", "100", env={"COLUMNS": "80"})
+    assert wide.returncode == narrow.returncode == 0, narrow.stderr
+    table_lines = [line for line in narrow.stdout.splitlines() if line[:1] in "┏┃┡│└"]
+    assert max(map(len, table_lines)) <= 80 and "…" not in narrow.stdout
+    assert "(continued)" in narrow.stdout and "(continued)" not in wide.stdout
+    cells = lambda text: sorted(c.strip() for line in text.splitlines() if line.startswith("│") for c in line.split("│")[2:] if c.strip())
+    label_cells = lambda text: {line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")}
+    # every value cell of the wide report is somewhere in the narrow one (labels repeat per part)
+    assert set(cells(wide.stdout)) <= set(cells(narrow.stdout)) | label_cells(narrow.stdout)
+
+
+def test_column_groups_keep_the_label_column_and_every_other_column_once():
+    columns = ["K", "a", "b", "c", "d"]
+    rows = [["1", "x" * 20, "y" * 20, "z" * 20, "w" * 20]]
+    groups = column_groups(columns, rows, width=60)
+    assert all(g[0] == 0 for g in groups) and [i for g in groups for i in g[1:]] == [1, 2, 3, 4]
+    assert all(4 + sum(23 for _ in g[1:]) + 1 <= 60 for g in groups) and len(groups) == 2
+    assert column_groups(columns, rows, width=200) == [[0, 1, 2, 3, 4]]
+    assert column_groups(["K", "wide"], [["1", "v" * 300]], width=80) == [[0, 1]]  # one column too wide still prints
 
 
 def test_the_plot_is_a_png(big_run, tmp_path):
