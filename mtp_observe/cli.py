@@ -272,11 +272,18 @@ def replay(
                          on_error=on_error, max_sessions=max_sessions, resume=resume, overwrite=overwrite,
                          device_map=device_map)
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
-    with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TextColumn("sessions"),
-                  TextColumn("{task.fields[tokens]}"), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
-                  console=err, transient=False, disable=not rank0) as progress:
-        run_dir = run_replay(files, model_dir, out_path, opts, bundled=bundled,
-                             observer=_ProgressObserver(progress) if rank0 else None)
+    try:
+        with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TextColumn("sessions"),
+                      TextColumn("{task.fields[tokens]}"), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+                      console=err, transient=False, disable=not rank0) as progress:
+            run_dir = run_replay(files, model_dir, out_path, opts, bundled=bundled,
+                                 observer=_ProgressObserver(progress) if rank0 else None)
+    except KeyboardInterrupt:  # run.json says "failed"; every finished session's part is complete on disk
+        if rank0:
+            done = len(list((out_path / "positions.parquet").glob("part-*.parquet")))
+            err.print(f"interrupted: {done} finished session{'s are' if done != 1 else ' is'} kept in {out_path}; "
+                      f"continue with the same command and --out {out_path} --resume", markup=False, soft_wrap=True)
+        raise typer.Exit(130)
     if rank0:
         _print_replay_summary(run_dir)
 

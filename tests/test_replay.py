@@ -230,6 +230,28 @@ def test_a_run_killed_mid_way_and_resumed_equals_an_uninterrupted_run(tiny_check
     assert manifest["counts"] == json.loads((whole / "run.json").read_text())["counts"]
 
 
+def test_ctrl_c_says_how_many_sessions_are_kept_and_how_to_resume(tiny_checkpoint, tmp_path):
+    records = [dict(SESSION, id=f"s{i}") for i in range(40)]
+    sessions = write_sessions(tmp_path / "s.jsonl", records)
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen([sys.executable, "-m", "mtp_observe", "replay", str(sessions), "--model", str(tiny_checkpoint),
+                             "--k", "2", "--device", "cpu", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list((out / "requests.parquet").glob("part-*"))) < 2:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate()
+    done = len(list((out / "requests.parquet").glob("part-*")))
+    assert done < 40, "the interrupt came too late to test anything"
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr
+    message = stderr.strip().splitlines()[-1]
+    assert message == f"interrupted: {done} finished sessions are kept in {out}; continue with the same command and --out {out} --resume"
+    assert json.loads((out / "run.json").read_text())["status"] == "failed"
+    resumed = run_cli("replay", sessions, "--model", tiny_checkpoint, "--k", "2", "--device", "cpu", "--out", out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((out / "run.json").read_text())["counts"]["sessions_ok"] == 40
+
+
 def test_resume_refuses_a_run_with_different_options(tiny_checkpoint, tmp_path):
     sessions = write_sessions(tmp_path / "s.jsonl", [SESSION])
     out = tmp_path / "run"
