@@ -391,8 +391,14 @@ class MtpHead(nn.Module):
             logits = self.logits(states[r0 : r0 + rows])
             best, idx = logits.max(dim=-1)
             ids[r0 : r0 + rows] = idx
-            lps[r0 : r0 + rows] = best - torch.logsumexp(logits, dim=-1)
+            lps[r0 : r0 + rows] = -log_sum_exp_shifted_(logits, best)
         return ids, lps
+
+
+def log_sum_exp_shifted_(logits: Tensor, rowmax: Tensor) -> Tensor:
+    """log Σ exp(logits - rowmax) per row, computing in place (logits [n, V] is consumed, rowmax [n]
+    its row maxima): logsumexp without another pass for the maxima or another [n, V] buffer."""
+    return logits.sub_(rowmax[:, None]).exp_().sum(-1).log_()
 
 
 def build_head(geometry: HeadGeometry, head_tensors: dict[str, Tensor], embed_tokens: Tensor, lm_head: Tensor) -> MtpHead:

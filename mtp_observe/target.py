@@ -185,12 +185,16 @@ def reduce_logits(
         sel = order[lo:hi]  # rows whose position is in this chunk
         local = inverse[sel] - c0
         logits = F.linear(hidden[unique[c0:c1]].to(lm_head.device), lm_head).float()  # [c, V]: the only vocabulary-sized tensor
-        lse = torch.logsumexp(logits, dim=-1)
-        out_token[sel] = logits.argmax(-1)[local]
-        out_target[sel] = logits[local, drafts[sel]] - lse[local]
-        out_actual[sel] = logits[local, actuals[sel]] - lse[local]
+        token = logits.argmax(-1)
+        out_token[sel] = token[local]
         ranked = logits.topk(top_k, dim=-1) if top_k else None  # one ranking for every top-k profile
         for p in profiles:
             out_p[p.name][sel] = sampler_probability(logits, p, local, drafts[sel], ranked)
+        rowmax = logits.gather(1, token[:, None]).squeeze(1)
+        draft_logit, actual_logit = logits[local, drafts[sel]] - rowmax[local], logits[local, actuals[sel]] - rowmax[local]
+        # log Σ exp(logit - max), in place: logsumexp without another pass for the maxima or another [c, V] buffer
+        lse = logits.sub_(rowmax[:, None]).exp_().sum(-1).log_()
+        out_target[sel] = draft_logit - lse[local]
+        out_actual[sel] = actual_logit - lse[local]
         del logits
     return Reductions(out_token, out_target, out_actual, out_p)
