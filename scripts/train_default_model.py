@@ -73,7 +73,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import generate_sessions  # noqa: E402  (scripts/generate_sessions.py)
 from mtp_observe.checkpoint import HeadGeometry, expected_head_shapes  # noqa: E402
 from mtp_observe.mtp import MtpHead, causal_mask  # noqa: E402
-from mtp_observe.synthetic import chat_template, save_checkpoint, train_tokenizer  # noqa: E402
+from mtp_observe.synthetic import SyntheticSpec, chat_template, save_checkpoint, train_tokenizer  # noqa: E402
 
 DEFAULT_OUT = ROOT / "mtp_observe" / "default_model"
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
@@ -216,26 +216,23 @@ def build_tokenizer(sessions: list[dict], vocab_size: int, directory: Path):
 
 
 def text_config(cfg: Config, tokenizer) -> dict:
-    rotary = int(cfg.head_dim * cfg.partial_rotary_factor)
-    half = rotary // 2
-    return {
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": len(cfg.layer_types), "layer_types": list(cfg.layer_types),
-        "full_attention_interval": 2,
-        "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim, "linear_num_key_heads": cfg.linear_num_key_heads,
-        "linear_num_value_heads": cfg.linear_num_value_heads, "linear_key_head_dim": cfg.linear_key_head_dim,
-        "linear_value_head_dim": cfg.linear_value_head_dim, "linear_conv_kernel_dim": 4,
-        "rope_parameters": {
-            "rope_type": "default", "rope_theta": cfg.rope_theta, "partial_rotary_factor": cfg.partial_rotary_factor,
-            "mrope_section": [half - 2 * (half // 3), half // 3, half // 3], "mrope_interleaved": True,
-        },
-        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "hidden_act": "silu", "initializer_range": 0.02,
-        "attention_bias": False, "attention_dropout": 0.0, "dtype": cfg.save_dtype,
-        "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        "pad_token_id": tokenizer.convert_tokens_to_ids("<|endoftext|>"),
-        "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False,
-    }
+    """The text config, written by the same builder as the test checkpoints (synthetic.SyntheticSpec)."""
+    interval = 2
+    assert list(cfg.layer_types) == ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                                     for i in range(len(cfg.layer_types))]
+    spec = SyntheticSpec(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=len(cfg.layer_types), full_attention_interval=interval,
+        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+        linear_num_key_heads=cfg.linear_num_key_heads, linear_num_value_heads=cfg.linear_num_value_heads,
+        linear_key_head_dim=cfg.linear_key_head_dim, linear_value_head_dim=cfg.linear_value_head_dim,
+        rope_theta=cfg.rope_theta, partial_rotary_factor=cfg.partial_rotary_factor, initializer_range=0.02,
+        dtype=cfg.save_dtype,
+        extra={"full_attention_interval": interval, "max_position_embeddings": 32768, "attention_dropout": 0.0,
+               "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
+               "pad_token_id": tokenizer.convert_tokens_to_ids("<|endoftext|>")},
+    )
+    return spec.text_config()
 
 
 def head_geometry(tc: dict) -> HeadGeometry:
