@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 from .common import (
-    Malformed, Options, Rejected, Source, as_dict, as_list, as_str, drop_orphan_results, join_text, loads, meta,
+    Malformed, Options, Rejected, Source, as_dict, as_list, as_str, objects, drop_orphan_results, join_text, loads, meta,
     originals, session, user_messages,
 )
 
@@ -95,9 +95,7 @@ def _blocks(content, where: str) -> list:
 
 def _assistant(content, where: str, counts: _Counts) -> dict:
     texts, thinking, calls = [], [], []
-    for k, block in enumerate(_blocks(content, f"{where}.content")):
-        w = f"{where}.content[{k}]"
-        block = as_dict(block, w)
+    for w, block in objects(_blocks(content, f"{where}.content"), f"{where}.content"):
         kind = block.get("type")
         if kind == "text":
             texts.append(as_str(block.get("text"), f"{w}.text"))
@@ -129,17 +127,14 @@ def _system(system, where: str) -> str | None:
     if system is None or isinstance(system, str):
         return system
     texts = []
-    for k, block in enumerate(as_list(system, where)):
-        block = as_dict(block, f"{where}[{k}]")
-        texts.append(as_str(block.get("text"), f"{where}[{k}].text"))
+    for w, block in objects(system, where):
+        texts.append(as_str(block.get("text"), f"{w}.text"))
     return join_text(texts)
 
 
 def _tools(tools, where: str, counts: _Counts) -> list[dict]:
     out = []
-    for k, tool in enumerate(as_list(tools, where)):
-        w = f"{where}[{k}]"
-        tool = as_dict(tool, w)
+    for w, tool in objects(tools, where):
         if "input_schema" not in tool:
             counts["server_tools"] += 1
             continue

@@ -235,6 +235,13 @@ def as_list(value, where: str) -> list:
     return value
 
 
+def objects(value, where: str) -> Iterator[tuple[str, dict]]:
+    """(where of the item, the item) for each item of a list that must hold objects."""
+    for k, item in enumerate(as_list(value, where)):
+        w = f"{where}[{k}]"
+        yield w, as_dict(item, w)
+
+
 def as_str(value, where: str, optional: bool = False) -> str | None:
     if value is None and optional:
         return None
@@ -277,10 +284,9 @@ def result_text(content, where: str, dropped: dict) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     texts = []
-    for k, block in enumerate(as_list(content, where)):
-        block = as_dict(block, f"{where}[{k}]")
+    for w, block in objects(content, where):
         if block.get("type") == "text":
-            texts.append(as_str(block.get("text"), f"{where}[{k}].text"))
+            texts.append(as_str(block.get("text"), f"{w}.text"))
         elif block.get("type") in MEDIA:
             dropped["media_blocks"] += 1
         else:
@@ -295,9 +301,7 @@ def user_messages(content, where: str, dropped: dict) -> list[dict]:
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     out, texts = [], []
-    for k, block in enumerate(as_list(content, f"{where}.content")):
-        w = f"{where}.content[{k}]"
-        block = as_dict(block, w)
+    for w, block in objects(content, f"{where}.content"):
         kind = block.get("type")
         if kind == "text":
             texts.append(as_str(block.get("text"), f"{w}.text"))
@@ -337,9 +341,8 @@ def tools_beside(path: Path, domain) -> Path | None:
 
 def check_tools(tools, where: str) -> list[dict]:
     """OpenAI tool schemas: [{"type": "function", "function": {"name": str, ...}}, ...]."""
-    for i, tool in enumerate(as_list(tools, where)):
-        w = f"{where}[{i}]"
-        fn = as_dict(as_dict(tool, w).get("function"), f"{w}.function")
+    for w, tool in objects(tools, where):
+        fn = as_dict(tool.get("function"), f"{w}.function")
         if tool.get("type", "function") != "function":
             raise Malformed(f"{w}.type", f"must be \"function\", not {tool.get('type')!r}")
         if not isinstance(fn.get("name"), str) or not fn["name"]:

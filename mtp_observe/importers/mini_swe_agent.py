@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from .common import Malformed, Options, Source, as_dict, as_list, as_str, drop_orphan_results, join_text, meta, originals, session
+from .common import Malformed, Options, Source, as_dict, as_str, objects, drop_orphan_results, join_text, meta, originals, session
 
 FORMAT = "mini-swe-agent"
 MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
@@ -67,9 +67,7 @@ def convert(document, source: Source) -> dict:
     document = as_dict(document, "the file")
     exits = 0
     messages = []
-    for j, m in enumerate(as_list(document.get("messages"), "messages")):
-        w = f"messages[{j}]"
-        m = as_dict(m, w)
+    for w, m in objects(document.get("messages"), "messages"):
         if m.get("role") == "exit":
             exits += 1
             continue

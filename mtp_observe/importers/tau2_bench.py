@@ -49,6 +49,7 @@ from .common import (
     kind,
     load_tools_file,
     meta,
+    objects,
     originals,
     session,
     tools_beside,
@@ -80,9 +81,7 @@ def _reasoning(raw, where: str) -> str | None:
 
 def _calls(calls, where: str, counts: dict) -> list[dict]:
     out = []
-    for k, call in enumerate(as_list(calls, where)):
-        w = f"{where}[{k}]"
-        call = as_dict(call, w)
+    for w, call in objects(calls, where):
         if call.get("requestor", "assistant") == "user":
             counts["user_tool_calls"] += 1
             continue
@@ -109,9 +108,7 @@ def _tool_results(m: dict, where: str, counts: dict) -> list[dict]:
 
 def convert_messages(raw_messages, where: str, counts: dict) -> list[dict]:
     messages: list[dict] = []
-    for j, m in enumerate(as_list(raw_messages, where)):
-        w = f"{where}[{j}]"
-        m = as_dict(m, w)
+    for w, m in objects(raw_messages, where):
         role = m.get("role")
         if role == "tool":
             messages.extend(_tool_results(m, w, counts))
