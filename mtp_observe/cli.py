@@ -112,9 +112,8 @@ def sessions(
     on_error: Annotated[str, typer.Option("--on-error", help="fail: stop at the first bad session; skip: warn, count it and go on.")] = "fail",
 ) -> None:
     """What a replay would score: sessions, turns, requests, prompt and scored tokens per segment."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     from rich.measure import Measurement
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from .checkpoint import read_checkpoint
     from .rendering import SEGMENTS, Renderer, survey

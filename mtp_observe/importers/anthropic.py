@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 from .common import (
-    Malformed, Options, Rejected, Source, as_dict, as_list, as_str, objects, drop_orphan_results, join_text, loads, meta,
+    Malformed, Options, Rejected, Source, as_dict, as_list, as_str, drop_orphan_results, join_text, loads, meta, objects,
     originals, session, user_messages,
 )
 

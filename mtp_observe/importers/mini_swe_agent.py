@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from .common import Malformed, Options, Source, as_dict, as_str, objects, drop_orphan_results, join_text, meta, originals, session
+from .common import Malformed, Options, Source, as_dict, as_str, drop_orphan_results, join_text, meta, objects, originals, session
 
 FORMAT = "mini-swe-agent"
 MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
