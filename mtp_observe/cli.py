@@ -99,6 +99,20 @@ def _model_dir(model: Optional[Path]) -> Path:
     return path
 
 
+# Rendering overrides, shared by every command that renders sessions (sessions, replay, generate).
+ChatTemplateOption = Annotated[Optional[Path], typer.Option(
+    "--chat-template", help="Render with this Jinja chat template instead of the checkpoint's (what the server used, e.g. vLLM's --chat-template).")]
+TemplateKwargsOption = Annotated[Optional[str], typer.Option(
+    "--template-kwargs", help='Template variables as a JSON object, e.g. \'{"enable_thinking": false}\' (vLLM\'s chat_template_kwargs).')]
+
+
+def _template_overrides(chat_template: Optional[Path], template_kwargs: Optional[str]):
+    """--chat-template and --template-kwargs, checked once (rendering.template_overrides)."""
+    from .rendering import template_overrides
+
+    return template_overrides(chat_template, template_kwargs)
+
+
 def _check_on_error(on_error: str) -> None:
     if on_error not in ("fail", "skip"):
         raise OptionError(f"--on-error {on_error}: expected fail or skip")
@@ -106,10 +120,12 @@ def _check_on_error(on_error: str) -> None:
 
 @app.command()
 def sessions(
-    files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Session JSONL files.")],
+    files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Session JSONL files (.gz too), directories of them, or - for standard input.")],
     model: Annotated[Optional[Path], typer.Option("--model", help="Checkpoint directory whose tokenizer and chat template render the sessions (default: the bundled model).")] = None,
     show: Annotated[Optional[str], typer.Option("--show", help="Render one session, scored spans coloured by segment.")] = None,
     on_error: Annotated[str, typer.Option("--on-error", help="fail: stop at the first bad session; skip: warn, count it and go on.")] = "fail",
+    chat_template: ChatTemplateOption = None,
+    template_kwargs: TemplateKwargsOption = None,
 ) -> None:
     """What a replay would score: sessions, turns, requests, prompt and scored tokens per segment."""
     from rich.measure import Measurement
@@ -119,8 +135,9 @@ def sessions(
     from .rendering import SEGMENTS, Renderer, survey
 
     _check_on_error(on_error)
+    overrides = _template_overrides(chat_template, template_kwargs)
     model_dir = _model_dir(model)
-    renderer = Renderer.from_model_dir(model_dir, vocab_size=read_checkpoint(model_dir).geometry.vocab_size)
+    renderer = Renderer.from_model_dir(model_dir, vocab_size=read_checkpoint(model_dir).geometry.vocab_size, overrides=overrides)
     if show is not None:
         _show_session(files, renderer, show, on_error)
         return
@@ -244,7 +261,7 @@ class _ProgressObserver:
 
 @app.command()
 def replay(
-    files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Session JSONL files.")],
+    files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Session JSONL files (.gz too), directories of them, or - for standard input.")],
     model: Annotated[Optional[Path], typer.Option("--model", help="Local checkpoint directory (default: the bundled model).")] = None,
     k: Annotated[int, typer.Option("--k", help="Draft depth Kmax; one replay answers every K <= Kmax.")] = 4,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run directory (default: reports/run-<time>).")] = None,
@@ -257,6 +274,8 @@ def replay(
     on_error: Annotated[str, typer.Option("--on-error", help="fail | skip: a bad session stops the run, or is recorded in run.json and skipped.")] = "fail",
     max_sessions: Annotated[Optional[int], typer.Option("--max-sessions", help="Replay at most N sessions (counted in input order).")] = None,
     device_map: Annotated[Optional[str], typer.Option("--device-map", help="auto: spread a target too large for one GPU over all visible GPUs (needs accelerate).")] = None,
+    chat_template: ChatTemplateOption = None,
+    template_kwargs: TemplateKwargsOption = None,
 ) -> None:
     """Replay sessions through the target with the MTP head alongside; write the run directory."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -264,12 +283,13 @@ def replay(
     from .pipeline import ReplayOptions, default_run_dir, replay as run_replay
 
     _check_on_error(on_error)
+    overrides = _template_overrides(chat_template, template_kwargs)
     bundled = model is None
     model_dir = _model_dir(model)
     out_path = out_dir or default_run_dir()
     opts = ReplayOptions(k=k, chunk_size=chunk_size, device=device, dtype=dtype, profiles=_parse_sampling(sampling or []),
                          on_error=on_error, max_sessions=max_sessions, resume=resume, overwrite=overwrite,
-                         device_map=device_map)
+                         device_map=device_map, template=overrides)
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
     try:
         with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TextColumn("sessions"),
@@ -411,10 +431,12 @@ def probe(
 
 @app.command("import")
 def import_(
-    fmt: Annotated[str, typer.Argument(metavar="FORMAT", help="tau-bench, tau2-bench, mini-swe-agent, claude-code, anthropic, or auto (detect each file's format).")],
-    files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Log files in that format.")],
+    fmt: Annotated[str, typer.Argument(metavar="FORMAT", help="tau-bench, tau2-bench, mini-swe-agent, claude-code, anthropic, openai-chat, "
+                                                            "openai-responses, openai-batch, otel-genai, litellm, vllm-log, openhands, "
+                                                            "or auto (detect each file's format).")],
+    files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Log files in that format (.gz too), directories of them, or - for standard input.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Canonical session JSONL to write (replaced atomically).")],
-    tools: Annotated[Optional[Path], typer.Option("--tools", help="OpenAI tool schemas (JSON list) for logs that lack them: tau-bench, tau2-bench, claude-code.")] = None,
+    tools: Annotated[Optional[Path], typer.Option("--tools", help="OpenAI tool schemas (JSON list) for logs that lack them (used only where the log holds none).")] = None,
     system_template: Annotated[Optional[Path], typer.Option("--system-template", help="tau2-bench agent system prompt template with {domain_policy} (default: agent_system_prompt_template.txt beside the file).")] = None,
     on_error: Annotated[str, typer.Option("--on-error", help="fail: stop at the first bad record and write nothing; skip: warn, count it and go on.")] = "fail",
 ) -> None:
@@ -425,17 +447,18 @@ def import_(
         raise OptionError(f"FORMAT {fmt}: expected one of {', '.join(FORMATS)} or auto")
     _check_on_error(on_error)
     check_writable(output, "--output")
-    if any(output.resolve() == f.resolve() for f in files):
+    if any(str(f) != "-" and output.resolve() == f.resolve() for f in files):
         raise OptionError(f"--output {output} is one of the input files; write the sessions elsewhere")
     for option, value in (("tools", tools), ("system_template", system_template)):
         readers = OPTIONS_READ[option]
-        if value is not None and fmt not in readers:
+        if value is not None and fmt != "auto" and fmt not in readers:
             raise OptionError(f"--{option.replace('_', '-')} applies to {', '.join(readers)}; name that FORMAT instead of {fmt}")
     counts = import_files(fmt, files, output, Options(tools=tools, system_template=system_template), on_error=on_error,
                           warn=lambda message: err.print(f"skipped: {message}", markup=False, soft_wrap=True))
     for c in counts:
-        skipped = f", {len(c.skipped)} skipped" if c.skipped else ""
-        out.print(f"{c.path}: {c.sessions} session{'s' if c.sessions != 1 else ''} ({c.format}{skipped})", markup=False, soft_wrap=True)
+        notes = [c.format] + ([c.note] if c.note else []) + ([f"{len(c.skipped)} skipped"] if c.skipped else [])
+        notes += [f"{n} {kind.replace('_', ' ')} dropped" for kind, n in sorted(c.dropped.items())]
+        out.print(f"{c.path}: {c.sessions} session{'s' if c.sessions != 1 else ''} ({', '.join(notes)})", markup=False, soft_wrap=True)
     total = sum(c.sessions for c in counts)
     out.print(f"wrote {total} sessions to {output}", markup=False, soft_wrap=True)
 

@@ -94,6 +94,7 @@ class ReplayOptions:
     resume: bool = False
     overwrite: bool = False
     device_map: str | None = None  # "auto": spread the target over every visible GPU (accelerate)
+    template: object = None  # rendering.TemplateOverrides: --chat-template / --template-kwargs (None: the checkpoint's)
 
 
 class Observer:
@@ -201,13 +202,18 @@ def count_records(path: Path) -> int:
     """Sessions a file will yield, counted cheaply (non-blank lines; a message-per-line file is one)."""
     import json
 
+    from .sessions import GZIP_ERRORS, open_binary
+
     n, first = 0, None
-    with open(path, "rb") as f:
-        for line in f:
-            if line.strip():
-                if first is None:
-                    first = line
-                n += 1
+    with open_binary(path) as f:
+        try:
+            for line in f:
+                if line.strip():
+                    if first is None:
+                        first = line
+                    n += 1
+        except GZIP_ERRORS:
+            pass  # a damaged .gz: the reader names it when it gets there; this is only the progress total
     if first is not None:
         try:
             head = json.loads(first)
@@ -312,16 +318,14 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
     files are the same whatever the number of ranks.
     """
     from .checkpoint import tokenizer_sha256
-    from .errors import InputError, UserError
+    from .errors import UserError
+    from .sessions import input_name, resolve_inputs
     from .target import BUILTIN_PROFILES
 
     observer = observer or Observer()
     opts = ReplayOptions(**{**opts.__dict__, "profiles": tuple(opts.profiles) or BUILTIN_PROFILES})
     _check_options(opts)
-    files = [Path(f) for f in files]
-    for f in files:
-        if not f.is_file():
-            raise InputError(f"{f}: no such file; pass JSONL session files (e.g. sessions/*.jsonl)")
+    files = resolve_inputs(files)  # directories expanded, "-" (standard input) copied once, missing paths refused
     device = resolve_device(opts.device)
     ranks = ranks_from_env(device)
     out = Path(ranks.from_rank0(str(out)))  # a default --out carries rank 0's timestamp to every rank
@@ -338,8 +342,9 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
         "dtype": str(dtype).removeprefix("torch."),
         "device": device.split(":")[0] if ranks.world > 1 else device,
         "sampling": {p.name: p.as_dict() for p in opts.profiles},
-        "inputs": [{"path": str(f), "sha256": sha256_file(f)} for f in files],
+        "inputs": [{"path": input_name(f), "sha256": sha256_file(f)} for f in files],
         "options": {"chunk_size": opts.chunk_size, "on_error": opts.on_error, "max_sessions": opts.max_sessions},
+        "rendering": opts.template.manifest() if opts.template is not None else None,
     }
     failure, manifest = None, None
     if ranks.rank == 0:
@@ -444,14 +449,14 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
 
     from . import tables
     from .rendering import Renderer
-    from .sessions import SessionError, Skipped, read_sessions
+    from .sessions import SessionError, Skipped, input_name, read_sessions
 
-    renderer = Renderer.from_model_dir(model.info.path, vocab_size=model.info.geometry.vocab_size)
+    renderer = Renderer.from_model_dir(model.info.path, vocab_size=model.info.geometry.vocab_size, overrides=opts.template)
     names = [p.name for p in opts.profiles]
     done = tables.done_parts(out)
     counts = dict.fromkeys(COUNT_KEYS, 0)
     errors: list[dict] = []
-    per_file = {str(f): 0 for f in files}
+    per_file = {input_name(f): 0 for f in files}
     total = sum(count_records(f) for f in files)
     if opts.max_sessions:
         total = min(total, opts.max_sessions)

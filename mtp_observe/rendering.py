@@ -30,6 +30,12 @@ template, prompt ending "<|im_start|>assistant\\n<think>\\n":
     "Check.\\n</think>\\n\\n" reasoning | "Looking it up." text |
     "\\n\\n<tool_call>\\n<function=get>...</tool_call>" tool_call | "<|im_end|>" end.
 
+Overrides (`TemplateOverrides`, from `--chat-template FILE` and `--template-kwargs JSON`): servers
+often render with a template other than the checkpoint's (vLLM's --chat-template) and pass
+template variables per request (`chat_template_kwargs`: `enable_thinking`, `preserve_thinking`);
+the renderer then uses that template text and those variables for every render. `template_overrides`
+parses both options once for every command that renders (sessions, replay, generate).
+
 Tokenization is incremental: tokenizers split on added tokens before anything else, so a
 request's tokens up to its last added token are reused and only the text after it is
 encoded again. The first merged request is checked against one full encoding (and a
@@ -44,7 +50,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import CheckpointError
+from .errors import CheckpointError, OptionError
 from .sessions import Session, SessionError, Skipped, read_sessions
 
 SEGMENTS = ("reasoning", "text", "tool_call", "end")  # codes 0..3, the order tables.SEGMENTS uses
@@ -90,6 +96,76 @@ class _Tokens:
     starts: list[int]  # character offset of each token's first character
 
 
+# apply_chat_template's own parameters: not template variables, so --template-kwargs may not set them.
+RESERVED_KWARGS = frozenset({"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+                             "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation",
+                             "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
+
+@dataclass(frozen=True)
+class TemplateOverrides:
+    """A chat template to render with instead of the checkpoint's, and template variables."""
+
+    chat_template: str | None = None  # the template's text
+    chat_template_path: str | None = None  # where it came from, as given
+    chat_template_sha256: str | None = None  # of the file's bytes
+    kwargs: dict = field(default_factory=dict)  # template variables, e.g. {"enable_thinking": False}
+
+    def manifest(self) -> dict | None:
+        """run.json's "rendering" value: None when nothing is overridden."""
+        if self.chat_template is None and not self.kwargs:
+            return None
+        template = {"path": self.chat_template_path, "sha256": self.chat_template_sha256} if self.chat_template is not None else None
+        return {"chat_template": template, "template_kwargs": dict(self.kwargs)}
+
+
+def template_overrides(chat_template: str | Path | None = None, template_kwargs: str | None = None) -> TemplateOverrides:
+    """--chat-template FILE and --template-kwargs JSON -> TemplateOverrides; a bad value is an OptionError.
+
+    The template must be a UTF-8 Jinja file that compiles; the kwargs a JSON object whose keys are
+    template variables (not apply_chat_template's own parameters)."""
+    import hashlib
+
+    text = path = digest = None
+    if chat_template is not None:
+        path = str(chat_template)
+        try:
+            data = Path(chat_template).read_bytes()
+        except OSError as e:
+            raise OptionError(f"--chat-template {path}: cannot read it ({e.strerror}); give a Jinja chat template file")
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            raise OptionError(f"--chat-template {path}: not UTF-8 text; give a Jinja chat template file")
+        import jinja2
+
+        try:  # compiled the way apply_chat_template compiles it (its sandbox and extensions)
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+        except ImportError:  # an older layout: the plain sandbox checks the syntax as well
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def _compile_jinja_template(t):
+                return ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).from_string(t)
+        try:
+            _compile_jinja_template(text)
+        except jinja2.TemplateSyntaxError as e:
+            raise OptionError(f"--chat-template {path}: line {e.lineno}: {e.message}; fix the template")
+        digest = hashlib.sha256(data).hexdigest()
+    kwargs: dict = {}
+    if template_kwargs is not None:
+        try:
+            kwargs = json.loads(template_kwargs)
+        except ValueError as e:
+            raise OptionError(f"--template-kwargs {template_kwargs}: not JSON ({getattr(e, 'msg', e)}); "
+                              "give an object, e.g. '{\"enable_thinking\": false}'")
+        if not isinstance(kwargs, dict):
+            raise OptionError(f"--template-kwargs {template_kwargs}: must be a JSON object of template variables, e.g. '{{\"enable_thinking\": false}}'")
+        reserved = sorted(set(kwargs) & RESERVED_KWARGS)
+        if reserved:
+            raise OptionError(f"--template-kwargs: {reserved[0]} is not a template variable (apply_chat_template sets it); drop it")
+    return TemplateOverrides(text, path, digest, kwargs)
+
+
 class _Exactness(Exception):
     """Incremental tokenization disagreed with a full encoding: render this session exactly."""
 
@@ -97,12 +173,14 @@ class _Exactness(Exception):
 class Renderer:
     """Holds the tokenizer, its chat template and the end-of-turn ids of one checkpoint."""
 
-    def __init__(self, tokenizer, eos_ids: set[int], vocab_size: int | None = None, template_kwargs: dict | None = None):
+    def __init__(self, tokenizer, eos_ids: set[int], vocab_size: int | None = None, template_kwargs: dict | None = None,
+                 chat_template: str | None = None):
         self.tokenizer = tokenizer
         self.backend = tokenizer.backend_tokenizer
         self.eos_ids = frozenset(eos_ids)
         self.vocab_size = vocab_size
         self.template_kwargs = template_kwargs or {}
+        self.chat_template = chat_template  # None: the checkpoint's own
         added = tokenizer.added_tokens_decoder
         self.added_ids = frozenset(added)
         # Added tokens split the text before anything else, so tokens never merge across them —
@@ -111,7 +189,7 @@ class Renderer:
         self._self_checked = False
 
     @classmethod
-    def from_model_dir(cls, path: str | Path, vocab_size: int | None = None) -> "Renderer":
+    def from_model_dir(cls, path: str | Path, vocab_size: int | None = None, overrides: TemplateOverrides | None = None) -> "Renderer":
         from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -136,14 +214,16 @@ class Renderer:
                 for c in (cfg, cfg.get("text_config") or {}):
                     value = c.get("eos_token_id")
                     eos.update([value] if isinstance(value, int) else (value or []))
-        return cls(tokenizer, eos, vocab_size)
+        overrides = overrides or TemplateOverrides()
+        return cls(tokenizer, eos, vocab_size, template_kwargs=overrides.kwargs, chat_template=overrides.chat_template)
 
     # -- text and tokens ---------------------------------------------------------------------
 
     def _template(self, messages, tools, generation_prompt: bool) -> str:
+        extra = {"chat_template": self.chat_template} if self.chat_template is not None else {}
         return self.tokenizer.apply_chat_template(
             list(messages), tools=list(tools) if tools else None, tokenize=False,
-            add_generation_prompt=generation_prompt, **self.template_kwargs,
+            add_generation_prompt=generation_prompt, **extra, **self.template_kwargs,
         )
 
     def _encode(self, text: str, offset: int) -> _Tokens:

@@ -12,13 +12,26 @@ Canonical input (SESSIONS.md), each line one of:
   3. token-level     {"id"?, "prompt_token_ids": [...], "completion_token_ids": [...]}
                      or {"id"?, "requests": [{"prompt_token_ids", "completion_token_ids"}, ...]}
 
+Inputs (`resolve_inputs`): files, `.gz` files (read through gzip, told by their magic bytes),
+directories (every `*.jsonl` / `*.jsonl.gz` below them, recursively, in sorted order) and `-`
+for standard input (copied once to a temporary file, so a replay can hash and re-read it; it is
+named `-` in every message and the manifest, and its default ids start with `stdin`).
+
 Every error is one line naming the file, the line, the session id and the fix.
 """
 
 from __future__ import annotations
 
+import atexit
+import gzip
+import io
 import json
+import os
 import re
+import shutil
+import sys
+import tempfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -237,24 +250,97 @@ def parse_record(record, *, path: str, line: int, index: int, stem: str) -> Sess
 
 
 # ---------------------------------------------------------------------------------------------
+# Inputs: files, gzip, directories, standard input
+
+STDIN = "-"
+SESSION_SUFFIXES = (".jsonl", ".jsonl.gz")  # what a directory contributes to `sessions` and `replay`
+GZIP_MAGIC = b"\x1f\x8b"
+_spooled: dict[Path, str] = {}  # temporary copy of standard input -> the name messages use ("-")
+
+
+def input_name(path: str | Path) -> str:
+    """The name an input goes by in messages and manifests: "-" for standard input, else the path."""
+    return _spooled.get(Path(path), str(path))
+
+
+def input_stem(path: str | Path) -> str:
+    """The file name without .gz and its format suffix ("stdin" for standard input): default ids start with it."""
+    path = Path(path)
+    if path in _spooled:
+        return "stdin"
+    name = path.name.removesuffix(".gz") if path.name.endswith(".gz") and len(path.name) > 3 else path.name
+    return Path(name).stem or name
+
+
+def _spool_stdin() -> Path:
+    """Standard input copied (in blocks) to a temporary file, removed when the process exits."""
+    for path, name in _spooled.items():
+        if name == STDIN:
+            return path  # "-" given twice: the same input
+    fd, tmp = tempfile.mkstemp(prefix="mtp-observe-stdin-")
+    path = Path(tmp)
+    atexit.register(lambda: path.unlink(missing_ok=True))
+    with os.fdopen(fd, "wb") as f:
+        shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
+    _spooled[path] = STDIN
+    return path
+
+
+def resolve_inputs(paths: Iterable[str | Path], suffixes: tuple[str, ...] = SESSION_SUFFIXES, what: str = "JSONL session files") -> list[Path]:
+    """Files as given, directories expanded (files ending in `suffixes`, recursively, sorted, hidden
+    ones skipped), "-" spooled from standard input. A missing path is an InputError."""
+    out: list[Path] = []
+    for p in paths:
+        if str(p) == STDIN:
+            out.append(_spool_stdin())
+            continue
+        path = Path(p)
+        if path.is_dir():
+            found = sorted(f for f in path.rglob("*") if f.name.endswith(suffixes) and f.is_file()
+                           and not any(part.startswith(".") for part in f.relative_to(path).parts))
+            if not found:
+                raise InputError(f"{path}: a directory with no {' or '.join(suffixes)} files in it; pass {what}")
+            out.extend(found)
+        elif path.is_file():
+            out.append(path)
+        else:
+            raise InputError(f"{path}: no such file or directory; pass {what} (e.g. sessions/*.jsonl), a directory or - for standard input")
+    return out
+
+
+def open_binary(path: str | Path):
+    """The file's bytes, decompressed when it starts with gzip's magic bytes (whatever its name)."""
+    path = Path(path)
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise InputError(f"{input_name(path)}: cannot open ({e.strerror}); check the path")
+    if f.peek(2)[:2] == GZIP_MAGIC if hasattr(f, "peek") else False:
+        return gzip.GzipFile(fileobj=f, mode="rb")
+    return f
+
+
+GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)  # what reading a damaged .gz raises
+
+
+# ---------------------------------------------------------------------------------------------
 # Streaming
 
 
 def _json_lines(path: Path) -> Iterator[tuple[int, object]]:
     """(line number, parsed JSON) for every non-blank line, streamed. Invalid JSON is a SessionError."""
-    try:
-        # Lines end at \n only (\r\n too: the \r is JSON whitespace); a raw \r is whitespace JSON allows
-        # inside a value, so universal newlines would split a valid line in two.
-        f = open(path, encoding="utf-8", newline="\n")
-    except OSError as e:
-        raise InputError(f"{path}: cannot open ({e.strerror}); check the path")
-    with f:
+    name = input_name(path)
+    # Lines end at \n only (\r\n too: the \r is JSON whitespace); a raw \r is whitespace JSON allows
+    # inside a value, so universal newlines would split a valid line in two.
+    with io.TextIOWrapper(open_binary(path), encoding="utf-8", newline="\n") as f:
         n = 0
         while True:
             try:
                 raw = f.readline()
             except UnicodeDecodeError as e:
-                raise SessionError(str(path), n + 1, None, f"not UTF-8 text ({e.reason}); re-encode the file as UTF-8")
+                raise SessionError(name, n + 1, None, f"not UTF-8 text ({e.reason}); re-encode the file as UTF-8")
+            except GZIP_ERRORS as e:
+                raise SessionError(name, n + 1, None, f"a damaged gzip file ({type(e).__name__}: {str(e)[:80]}); recompress or gunzip it")
             if not raw:
                 break
             n += 1
@@ -264,14 +350,14 @@ def _json_lines(path: Path) -> Iterator[tuple[int, object]]:
                 value = json.loads(raw)
             except ValueError as e:
                 msg = getattr(e, "msg", str(e))
-                yield n, SessionError(str(path), n, None, f"invalid JSON ({msg}); fix or remove this line")
+                yield n, SessionError(name, n, None, f"invalid JSON ({msg}); fix or remove this line")
                 continue
             except RecursionError:
-                yield n, SessionError(str(path), n, None, "JSON nested too deeply to read; fix or remove this line")
+                yield n, SessionError(name, n, None, "JSON nested too deeply to read; fix or remove this line")
                 continue
             bad = _lone_surrogate(value) if _SURROGATE_ESCAPE.search(raw) else None
             if bad is not None:
-                yield n, SessionError(str(path), n, None, f"a string holds a lone surrogate ({bad}), which is not Unicode text; fix that escape")
+                yield n, SessionError(name, n, None, f"a string holds a lone surrogate ({bad}), which is not Unicode text; fix that escape")
                 continue
             yield n, value
 
@@ -293,13 +379,11 @@ def _lone_surrogate(value) -> str | None:
 
 
 def read_sessions(paths: Iterable[str | Path], on_error: str = "fail") -> Iterator[Session | Skipped]:
-    """Stream sessions from JSONL files in order. on_error: "fail" raises; "skip" yields Skipped and goes on."""
+    """Stream sessions from JSONL files in order (`resolve_inputs`: .gz, directories and "-" too).
+    on_error: "fail" raises; "skip" yields Skipped and goes on."""
     assert on_error in ON_ERROR, on_error
     index = 0
-    for p in paths:
-        path = Path(p)
-        if not path.is_file():
-            raise InputError(f"{path}: no such file; pass JSONL session files (e.g. sessions/*.jsonl)")
+    for path in resolve_inputs(paths):
         lines = _json_lines(path)
         first = next(lines, None)
         if first is None:
@@ -322,7 +406,7 @@ def _record_file(path: Path, first, lines, start_index: int):
             yield record
         else:
             try:
-                yield parse_record(record, path=str(path), line=n, index=index, stem=path.stem)
+                yield parse_record(record, path=input_name(path), line=n, index=index, stem=input_stem(path))
             except SessionError as e:
                 yield e
         index += 1
@@ -334,22 +418,22 @@ def _message_file(path: Path, first, lines, index: int):
     line_of: list[int] = []
     for n, record in _chain(first, lines):
         if isinstance(record, SessionError):
-            yield SessionError(record.path, record.line, path.stem, record.what)
+            yield SessionError(record.path, record.line, input_stem(path), record.what)
             return
         if not isinstance(record, dict) or "role" not in record:
-            yield SessionError(str(path), n, path.stem, "a non-message line in a message-per-line file; one message per line, each with a role")
+            yield SessionError(input_name(path), n, input_stem(path), "a non-message line in a message-per-line file; one message per line, each with a role")
             return
         raw.append(record)
         line_of.append(n)
     try:
         messages = normalise_messages(raw)
     except MessageError as e:
-        yield SessionError(str(path), line_of[e.index], path.stem, str(e))
+        yield SessionError(input_name(path), line_of[e.index], input_stem(path), str(e))
         return
     except ValueError as e:
-        yield SessionError(str(path), first[0], path.stem, str(e))
+        yield SessionError(input_name(path), first[0], input_stem(path), str(e))
         return
-    yield Session(path.stem, str(path), first[0], index, tuple(messages))
+    yield Session(input_stem(path), input_name(path), first[0], index, tuple(messages))
 
 
 def _chain(first, rest):

@@ -1,4 +1,4 @@
-"""The tables: the run directory's public contract (schema_version 1) and its atomic writing.
+"""The tables: the run directory's public contract (schema_version 2) and its atomic writing.
 
 Contract (PRODUCT.md): a run directory holds
 
@@ -17,7 +17,7 @@ session, sorted by (request, pos, depth).
 This module imports no torch: the report reads through it.
 
 run.json keys:
-    schema_version      1
+    schema_version      2 (version-1 runs are read too; they lack the keys marked "v2")
     tool                {"name": "mtp-observe", "version": str}
     created, finished   ISO-8601 UTC strings (finished null while running)
     status              "running" | "complete" | "failed"
@@ -28,7 +28,9 @@ run.json keys:
     k                   Kmax replayed (int)
     dtype, device       str
     sampling            {profile: {"temperature", "top_p", "top_k"}}
-    inputs              [{"path", "sha256", "sessions"}]
+    inputs              [{"path", "sha256", "sessions"}]   path "-" for standard input (its sha256 is of what was read)
+    rendering           v2: null, or {"chat_template": {"path", "sha256"} | null, "template_kwargs": {...}}: what
+                        --chat-template / --template-kwargs replaced (part of the run's identity: --resume needs the same)
     options             {"chunk_size", "on_error", "max_sessions", ...}
     counts              {"sessions_ok", "sessions_skipped", "requests", "tokens_replayed",
                          "scored_tokens", "anchors", "rows"}
@@ -48,7 +50,7 @@ import pyarrow.parquet as pq
 
 from .errors import RunDirectoryError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SEGMENTS = ["reasoning", "text", "tool_call", "end"]
 
 REQUESTS_SCHEMA = pa.schema(

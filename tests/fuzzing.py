@@ -117,6 +117,159 @@ def _anthropic_cassette():
     ], "version": 1}
 
 
+def _openai_chat_body():
+    return {"model": "gpt-4o-mini", "temperature": 0.2, "max_completion_tokens": 64,
+            "tools": [{"type": "function", "function": {"name": "get", "parameters": {"type": "object", "properties": {}}}}],
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Where?"}]},
+                         {"role": "assistant", "content": None, "reasoning_content": "Look.",
+                          "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get", "arguments": "{\"q\": 1}"}}]},
+                         {"role": "tool", "tool_call_id": "c1", "content": "Paris"}]}
+
+
+def _openai_chat_lines():
+    body = _openai_chat_body()
+    reply = {"role": "assistant", "content": "Paris."}
+    longer = dict(body, messages=body["messages"] + [reply, {"role": "user", "content": "And?"}])
+    return [{"request": body, "response": {"id": "r1", "choices": [{"index": 0, "message": reply}]}}, longer]
+
+
+def _openai_chat_cassette():
+    body = _openai_chat_body()
+    sse = "".join(f"data: {json.dumps(c)}\n\n" for c in [
+        {"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "reasoning_content": "Hm."}}]},
+        {"id": "x", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c2", "type": "function", "function": {"name": "get", "arguments": "{\"q\""}}]}}]},
+        {"id": "x", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": ": 2}"}}]}}]},
+        {"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}]) + "data: [DONE]\n\n"
+    return {"interactions": [
+        {"request": {"uri": "https://api.openai.com/v1/chat/completions", "body": json.dumps(body)}, "response": {"body": {"string": sse}}},
+        {"request": {"uri": "https://api.openai.com/v1/chat/completions", "parsed_body": body},
+         "response": {"parsed_body": {"choices": [{"message": {"role": "assistant", "content": "Paris."}}]}}}], "version": 1}
+
+
+def _responses_cassette():
+    body = {"model": "gpt-5", "instructions": "Narrate.", "temperature": 0.5, "max_output_tokens": 99,
+            "input": [{"role": "user", "content": "Capital?"}],
+            "tools": [{"type": "function", "name": "cap", "parameters": {"type": "object"}}, {"type": "web_search"}]}
+    out = [{"type": "reasoning", "id": "rs", "summary": [{"type": "summary_text", "text": "Think."}]},
+           {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Looking."}]},
+           {"type": "function_call", "id": "fc", "call_id": "call_1", "name": "cap", "arguments": "{}"}]
+    second = dict(body, input=body["input"] + out + [{"type": "function_call_output", "call_id": "call_1", "output": "P"}])
+    return {"interactions": [
+        {"request": {"uri": "https://api.openai.com/v1/responses", "parsed_body": body}, "response": {"parsed_body": {"id": "resp_1", "output": out, "top_p": 0.9}}},
+        {"request": {"uri": "https://api.openai.com/v1/responses", "parsed_body": second},
+         "response": {"parsed_body": {"id": "resp_2", "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "P."}]}]}}},
+        {"request": {"uri": "https://api.openai.com/v1/responses", "parsed_body": {"model": "gpt-5", "previous_response_id": "resp_2", "input": "More?"}},
+         "response": {"parsed_body": {"id": "resp_3", "output": [{"type": "message", "role": "assistant", "content": "No."}]}}}]}
+
+
+BATCH_OUTPUT = [{"id": "b1", "custom_id": "r-1", "response": {"status_code": 200, "body": {"choices": [{"message": {"role": "assistant", "content": "Hi"}}]}}, "error": None},
+                {"id": "b2", "custom_id": "r-2", "response": None, "error": {"code": "x", "message": "failed"}}]
+
+
+def _batch_input():
+    return [{"custom_id": "r-1", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": "m", "max_tokens": 10, "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Hello"}]}},
+            {"custom_id": "r-2", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "messages": [{"role": "user", "content": "x"}]}},
+            {"custom_id": "r-3", "method": "POST", "url": "/v1/responses", "body": {"model": "m", "input": "y"}}]
+
+
+def _otel_export(structured=False):
+    def value(v):
+        if isinstance(v, str):
+            return {"stringValue": v}
+        if isinstance(v, bool):
+            return {"boolValue": v}
+        if isinstance(v, int):
+            return {"intValue": str(v)}
+        if isinstance(v, float):
+            return {"doubleValue": v}
+        if not structured:
+            return {"stringValue": json.dumps(v)}
+        if isinstance(v, list):
+            return {"arrayValue": {"values": [value(x) for x in v]}}
+        return {"kvlistValue": {"values": [{"key": k, "value": value(x)} for k, x in v.items()]}}
+
+    def span(sid, end, attrs, events=()):
+        return {"traceId": "t1", "spanId": sid, "name": "chat m", "startTimeUnixNano": str(end - 5), "endTimeUnixNano": str(end),
+                "attributes": [{"key": k, "value": value(v)} for k, v in attrs.items()], "events": list(events)}
+
+    user = {"role": "user", "parts": [{"type": "text", "content": "Weather?"}]}
+    call = {"role": "assistant", "parts": [{"type": "reasoning", "content": "Check."}, {"type": "tool_call", "id": "c", "name": "w", "arguments": {"city": "P"}}]}
+    result = {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c", "response": {"t": 20}}]}
+    return {"resourceSpans": [{"scopeSpans": [{"spans": [
+        span("s1", 100, {"gen_ai.operation.name": "chat", "gen_ai.request.temperature": 0.3, "gen_ai.input.messages": [user], "gen_ai.output.messages": [call],
+                         "gen_ai.tool.definitions": [{"type": "function", "name": "w", "parameters": {"type": "object"}}], "gen_ai.system_instructions": [{"type": "text", "content": "S"}]}),
+        span("s2", 200, {"gen_ai.operation.name": "chat", "gen_ai.input.messages": [user, call, result],
+                         "gen_ai.output.messages": [{"role": "assistant", "parts": [{"type": "text", "content": "20."}], "finish_reason": "stop"}]}),
+        span("s3", 300, {"gen_ai.operation.name": "chat", "gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": "Hi",
+                         "gen_ai.completion.0.role": "assistant", "gen_ai.completion.0.content": "Yo", "gen_ai.conversation.id": "c9"}),
+        span("s4", 400, {"gen_ai.operation.name": "chat"}, [{"name": "gen_ai.user.message", "attributes": [{"key": "content", "value": {"stringValue": "Q"}}]},
+                                                             {"name": "gen_ai.choice", "attributes": [{"key": "message", "value": {"stringValue": "{}"}}]}]),
+        span("s5", 500, {"gen_ai.operation.name": "execute_tool"}),
+    ]}]}]}
+
+
+def _litellm_payloads():
+    base = {"call_type": "completion", "status": "success", "model": "gpt-4o", "hidden_params": {"litellm_model_name": "gpt-4o"},
+            "error_information": {"error_message": ""}, "trace_id": "tr", "model_parameters": {"temperature": 0.1, "tools": [
+                {"type": "function", "function": {"name": "f", "parameters": {}}}]}}
+    q = [{"role": "user", "content": "Hi"}]
+    a = {"role": "assistant", "content": "", "tool_calls": [{"id": "t", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    return [dict(base, id="1", startTime=1.0, messages=q, response={"choices": [{"message": a}]}),
+            dict(base, id="2", startTime="2025-01-24 09:20:46.8", messages=q + [a, {"role": "tool", "tool_call_id": "t", "content": "ok"}],
+                 response={"choices": [{"message": {"role": "assistant", "content": "Done", "thinking_blocks": [{"type": "thinking", "thinking": "T"}]}}]}),
+            dict(base, id="3", status="failure", messages=q, response={}, error_information={"error_message": "boom"})]
+
+
+def _vllm_log():
+    prompt, out = [1, 5, 9, 2, 1, 7], [11, 12, 2]
+    return [
+        "INFO 05-12 10:00:00 [api_server.py:1] non-default args: {'model': 'q', 'enable_log_requests': True}",
+        f"DEBUG 05-12 10:00:01 [logger.py:43] Request r1 details: prompt: 'a\\nb', prompt_token_ids: {prompt}, prompt_embeds shape: None.",
+        "INFO 05-12 10:00:01 [logger.py:43] Received request r1: params: SamplingParams(n=1, temperature=0.7, top_p=0.8, top_k=-1, seed=None, "
+        "stop=['x, y'], structured_outputs=StructuredOutputsParams(json={'a': [1]}), max_tokens=None), lora_request: None.",
+        "DEBUG 05-12 10:00:01 [logger.py:43] Request r1 JSON body: {\"model\": \"q\"}",
+        f"DEBUG 05-12 10:00:02 [logger.py:43] Generated response r1 details: output_token_ids: {out}",
+        "INFO 05-12 10:00:02 [logger.py:43] Generated response r1: output: 'ok', finish_reason: stop",
+        f"INFO 05-12 10:00:03 [logger.py:43] Received request r2: prompt: 'c', params: SamplingParams(temperature=0.1), prompt_token_ids: {prompt + out + [4]}, lora_request: None.",
+        "DEBUG 05-12 10:00:04 [logger.py:43] Generated response r2 (streaming delta) details: output_token_ids: [3]",
+        "DEBUG 05-12 10:00:04 [logger.py:43] Generated response r2 (streaming delta) details: output_token_ids: [2]",
+        "INFO 05-12 10:00:04 [logger.py:43] Generated response r2 (streaming complete): output: 'z', finish_reason: streaming_complete",
+    ]
+
+
+def _openhands_flat():
+    return [{"instruction": "Fix it.", "issue": {"owner": "o", "repo": "r", "number": 1}, "success": True, "history": [
+        {"content": "Fix it.", "action": "message", "images_urls": None},
+        {"command": "ls", "thought": "Look.", "action": "run", "keep_prompt": True},
+        {"content": "a b", "command": "ls", "exit_code": 0, "observation": "run"},
+        {"code": "print(1)", "thought": "", "action": "run_ipython"},
+        {"content": "1", "code": "print(1)", "observation": "run_ipython"},
+        {"outputs": {}, "thought": "Done.", "action": "finish"}]}]
+
+
+def _openhands_fc():
+    response = {"id": "resp1", "choices": [{"message": {"role": "assistant", "content": "Run both.", "reasoning_content": "Two calls.", "tool_calls": [
+        {"id": "t1", "type": "function", "function": {"name": "execute_bash", "arguments": "{\"command\": \"ls\"}"}},
+        {"id": "t2", "type": "function", "function": {"name": "execute_bash", "arguments": "{\"command\": \"pwd\"}"}}]}}]}
+    meta = lambda tid: {"function_name": "execute_bash", "tool_call_id": tid, "model_response": response, "total_calls_in_response": 2}
+    return [{"id": 0, "source": "agent", "action": "system", "args": {"content": "You are OpenHands.", "tools": [{"type": "function", "function": {"name": "execute_bash", "parameters": {}}}]}},
+            {"id": 1, "source": "user", "action": "message", "args": {"content": "List."}},
+            {"id": 2, "source": "agent", "action": "run", "args": {"command": "ls"}, "tool_call_metadata": meta("t1")},
+            {"id": 3, "source": "agent", "action": "run", "args": {"command": "pwd"}, "tool_call_metadata": meta("t2")},
+            {"id": 4, "source": "environment", "observation": "run", "content": "a", "extras": {}, "tool_call_metadata": meta("t1")},
+            {"id": 5, "source": "environment", "observation": "run", "content": "/w", "extras": {}, "tool_call_metadata": meta("t2")},
+            {"id": 6, "source": "environment", "observation": "agent_state_changed", "content": "", "extras": {}},
+            {"id": 7, "source": "agent", "action": "message", "args": {"content": "Done."}}]
+
+
+def _openhands_rows():
+    return [{"instance_id": "x__y-1", "resolved": True, "tools": json.dumps([{"type": "function", "function": {"name": "bash", "parameters": {}}}]),
+             "trajectory": [{"role": "system", "content": "S"}, {"role": "user", "content": "Fix"},
+                            {"role": "assistant", "content": "", "tool_calls": [{"id": "a", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+                            {"role": "tool", "tool_call_id": "a", "content": "ok"}, {"role": "assistant", "content": "Fixed."}]}]
+
+
 def _canonical_seed():
     return [
         {"id": "a", "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": [{"type": "text", "text": "q"}]},
@@ -134,7 +287,11 @@ def _message_lines_seed():
             {"role": "tool", "tool_call_id": "x", "content": "r"}, {"role": "assistant", "content": "b"}]
 
 
-# (name, seed builder, layout, file suffix): layout "document" = one JSON value, "lines" = one per line, "yaml"
+# A Batch input file is written with its (unmutated) output file beside it, given to the import too.
+BATCH_SUFFIX = ".batch.jsonl"
+
+# (name, seed builder, layout, file suffix): layout "document" = one JSON value, "lines" = one per line, "yaml",
+# "text" = one string per line (a server log)
 SEEDS = {
     "tau-bench": [(_tau_bench_seed, "document", ".json")],
     "tau2-bench": [(_tau2_seed, "document", ".json")],
@@ -142,6 +299,14 @@ SEEDS = {
     "claude-code": [(_claude_code_seed, "lines", ".jsonl")],
     "anthropic": [(_anthropic_body, "document", ".json"), (lambda: [_anthropic_body(), _anthropic_body()], "lines", ".jsonl"),
                   (_anthropic_cassette, "yaml", ".yaml")],
+    "openai-chat": [(_openai_chat_body, "document", ".json"), (_openai_chat_lines, "lines", ".jsonl"), (_openai_chat_cassette, "yaml", ".yaml")],
+    "openai-responses": [(_responses_cassette, "yaml", ".yaml"),
+                         (lambda: {"request": _responses_cassette()["interactions"][1]["request"]["parsed_body"]}, "document", ".json")],
+    "openai-batch": [(_batch_input, "lines", BATCH_SUFFIX)],
+    "otel-genai": [(_otel_export, "document", ".json"), (lambda: [_otel_export(True), _otel_export()], "lines", ".jsonl")],
+    "litellm": [(_litellm_payloads, "lines", ".jsonl"), (lambda: {"standard_logging_object": _litellm_payloads()[0]}, "document", ".json")],
+    "vllm-log": [(_vllm_log, "text", ".log")],
+    "openhands": [(_openhands_flat, "lines", ".jsonl"), (_openhands_fc, "document", ".json"), (_openhands_rows, "lines", ".jsonl")],
     "canonical": [(_canonical_seed, "lines", ".jsonl"), (_message_lines_seed, "lines", ".jsonl")],
 }
 
@@ -234,6 +399,10 @@ def serialise(value, layout: str, ascii_only: bool) -> bytes:
     try:
         if layout == "yaml":
             return yaml.safe_dump(value, allow_unicode=not ascii_only).encode("utf-8", "surrogatepass")
+        if layout == "text":
+            lines = value if isinstance(value, list) else [value]
+            text = "".join((v if isinstance(v, str) else json.dumps(v, ensure_ascii=ascii_only)) + "\n" for v in lines)
+            return text.encode("utf-8", "surrogatepass")
         if layout == "lines" and isinstance(value, list):
             text = "".join(json.dumps(v, ensure_ascii=ascii_only) + "\n" for v in value)
         else:
@@ -273,17 +442,28 @@ def log_files(draw, fmt: str):
 # Properties
 
 
+def write_input(data: bytes, suffix: str, directory: Path) -> list[Path]:
+    """The input file (and, for a Batch input, its output file beside it): the paths to import."""
+    path = directory / f"input{suffix}"
+    path.write_bytes(data)
+    if suffix != BATCH_SUFFIX:
+        return [path]
+    output = directory / "input.output.jsonl"
+    output.write_text("".join(json.dumps(line) + "\n" for line in BATCH_OUTPUT))
+    return [path, output]
+
+
 def check_import(fmt: str, data: bytes, suffix: str, directory: Path, on_error: str = "fail") -> None:
     """The importer writes only sessions the reader accepts, or refuses in one line naming the file."""
     RUNS[f"import {fmt}"] += 1
-    path = directory / f"input{suffix}"
-    path.write_bytes(data)
+    paths = write_input(data, suffix, directory)
+    path = paths[0]
     out = directory / "out.jsonl"
     try:
-        counts = import_files(fmt, [path], out, on_error=on_error)
+        counts = import_files(fmt, paths, out, on_error=on_error)
     except UserError as e:
         message = str(e)
-        assert "\n" not in message and str(path) in message, message
+        assert "\n" not in message and any(str(p) in message for p in paths), message
         OUTCOMES[f"import {fmt}: refused"] += 1
         return
     items = list(read_sessions([out])) if out.stat().st_size else []  # raises if a written session is invalid

@@ -17,7 +17,7 @@ from mtp_observe.importers import FORMATS, import_files
 from mtp_observe.rendering import Renderer
 from mtp_observe.sessions import Session, Skipped, read_sessions
 
-from .fuzzing import OUTCOMES, RUNS, check_cli, check_import, check_read, log_files, run_cli
+from .fuzzing import OUTCOMES, RUNS, check_cli, check_import, check_read, log_files, run_cli, write_input
 
 ALL_SEEDED = list(FORMATS)
 
@@ -62,9 +62,8 @@ def cli_property(directory, checkpoint, examples: int, fast: bool, command: str)
         if command == "import":
             fmt = data.draw(st.sampled_from([*FORMATS, "auto"]))
             raw, suffix = data.draw(log_files(fmt if fmt != "auto" else data.draw(st.sampled_from(ALL_SEEDED))))
-            path = directory / f"input{suffix}"
-            path.write_bytes(raw)
-            check_cli(["import", fmt, str(path), "-o", str(directory / "out.jsonl")], "cli import")
+            paths = write_input(raw, suffix, directory)
+            check_cli(["import", fmt, *map(str, paths), "-o", str(directory / "out.jsonl")], "cli import")
         else:
             raw, suffix = data.draw(log_files("canonical"))
             path = directory / f"input{suffix}"

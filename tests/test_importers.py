@@ -1,4 +1,6 @@
-"""Importers: real agent logs in five formats to canonical sessions that validate and render.
+"""Importers: real agent logs in the first five formats to canonical sessions that validate and render
+(the log formats inference engineers keep — OpenAI wire formats, OTel, LiteLLM, vLLM, OpenHands —
+are tested in test_log_importers.py).
 
 The public samples are read from ../shared/sessions-public (never copied here); the constructed
 logs below are written by hand in each format's shape, for the cases the samples lack
@@ -17,8 +19,8 @@ import pytest
 import yaml
 
 from mtp_observe.errors import InputError
-from mtp_observe.importers import FORMATS, Options, detect, import_files
-from mtp_observe.importers.common import Source
+from mtp_observe.importers import Options, detect, import_files
+from mtp_observe.importers.common import MISSING_KINDS, Source
 from mtp_observe.rendering import Renderer
 from mtp_observe.sessions import Session, read_sessions
 
@@ -27,7 +29,8 @@ from .test_sessions import assert_spans_are_the_rendered_turns
 
 needs_public = pytest.mark.skipif(SESSIONS_PUBLIC is None, reason="../shared/sessions-public is absent on this machine")
 
-META_KEYS = ["importer", "original", "missing", "supplied", "dropped"]
+META_KEYS = ["importer", "original", "sampling", "missing", "supplied", "dropped"]
+FORMATS = ("tau-bench", "tau2-bench", "mini-swe-agent", "claude-code", "anthropic")  # the agent-log formats tested here
 
 
 def samples(fmt: str) -> list[Path]:
@@ -88,7 +91,7 @@ def test_every_public_sample_imports_and_every_session_validates(imported, fmt):
         assert list(record["meta"]) == META_KEYS
         assert record["meta"]["importer"]["format"] == fmt
         assert record["meta"]["importer"]["file"] in map(str, files)
-        assert set(record["meta"]["missing"]) <= {"system_prompt", "tools"}
+        assert set(record["meta"]["missing"]) <= set(MISSING_KINDS)
 
 
 @needs_public
@@ -99,16 +102,18 @@ def test_auto_detects_the_format_of_every_public_sample(fmt):
 
 
 @needs_public
-def test_auto_refuses_other_wire_formats_in_one_line_listing_the_formats(tmp_path):
-    deepseek = SESSIONS_PUBLIC / "api-wire-formats" / "test_deepseek_deferred_capability_with_thinking.yaml"
+def test_auto_refuses_files_that_are_no_log_in_one_line_listing_the_formats(tmp_path):
+    from mtp_observe.importers import FORMATS as ALL
+
+    schema = SESSIONS_PUBLIC / "otel-genai" / "gen-ai-input-messages.json"  # a JSON schema, not a log
     notes = tmp_path / "notes.txt"
     notes.write_text("hello, not a log\n")
-    for path in (deepseek, notes):
+    for path in (schema, notes):
         r = cli("auto", path, "-o", tmp_path / "out.jsonl")
         assert r.returncode == 2, r.stderr
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-        assert str(path) in lines[0] and all(f in lines[0] for f in FORMATS), lines[0]
+        assert str(path) in lines[0] and all(f in lines[0] for f in ALL), lines[0]
         assert not (tmp_path / "out.jsonl").exists()
 
 
@@ -218,7 +223,8 @@ def test_claude_code_lines_sharing_a_message_id_merge_into_one_turn_with_thinkin
     [record] = raw_lines(tmp_path / "out.jsonl")
     assert record["meta"]["dropped"] == {"sidechain_events": 1, "non_message_events": 2, "synthetic_messages": 1,
                                          "redacted_thinking_blocks": 1, "media_blocks": 1, "orphan_tool_results": 1}
-    assert record["meta"]["missing"] == ["system_prompt", "tools"] and "tools" not in record
+    assert record["meta"]["missing"] == ["system_prompt", "tools", "sampling"] and "tools" not in record
+    assert record["meta"]["sampling"] == {}
     assert record["id"] == "s-1" and record["meta"]["original"]["model"] == "claude-test"
 
 
@@ -286,6 +292,7 @@ def test_anthropic_thinking_becomes_reasoning_and_the_cassette_is_one_conversati
     assert record["tools"] == [{"type": "function", "function": {"name": "get_user_country", "description": "",
                                                                  "parameters": cassette["interactions"][0]["request"]["parsed_body"]["tools"][0]["input_schema"]}}]
     assert record["meta"]["missing"] == []
+    assert record["meta"]["sampling"] == {"max_tokens": cassette["interactions"][1]["request"]["parsed_body"]["max_tokens"]}
 
 
 def test_anthropic_request_bodies_fold_only_when_the_next_request_resends_the_history(tmp_path):
@@ -317,10 +324,11 @@ def test_tau2_takes_the_system_prompt_from_the_template_beside_it_with_the_polic
     system = template.replace("{domain_policy}", raw["info"]["environment_info"]["policy"])
     assert all(s.messages[0] == {"role": "system", "content": system} for s in sessions)
     assert all(s.meta["missing"] == ["tools"] and s.tools is None for s in sessions)  # tool_defs is null in these files
+    assert all(s.meta["sampling"] == {"temperature": 0.0} for s in sessions)  # the agent's llm_args
     alone = tmp_path / "airline.json"  # without the template beside it
     shutil.copy(samples("tau2-bench")[0], alone)
     bare = run_import("tau2-bench", [alone], tmp_path / "out.jsonl")
-    assert all(s.meta["missing"] == ["system_prompt", "tools"] and s.messages[0]["role"] != "system" for s in bare)
+    assert all(s.meta["missing"] == ["system_prompt", "tools"] and s.messages[0]["role"] != "system" for s in bare)  # sampling: llm_args
     given = run_import("tau2-bench", [alone], tmp_path / "out2.jsonl", system_template=SESSIONS_PUBLIC / "tau2-bench_grok" / "agent_system_prompt_template.txt")
     assert all(s.messages[0]["content"] == system and s.meta["supplied"]["system_prompt"].endswith("agent_system_prompt_template.txt") for s in given)
 
@@ -330,17 +338,17 @@ def test_tau_bench_tools_come_from_the_file_beside_it_or_the_option_else_are_rec
     _, sessions = imported("tau-bench")
     tools_file = SESSIONS_PUBLIC / "tau-bench_gpt-4o-airline" / "tools_airline.openai.json"
     tools = json.loads(tools_file.read_text())
-    assert all(list(s.tools) == tools and s.meta["missing"] == [] and s.meta["supplied"] == {"tools": str(tools_file)} for s in sessions)
+    assert all(list(s.tools) == tools and s.meta["missing"] == ["sampling"] and s.meta["supplied"] == {"tools": str(tools_file)} for s in sessions)
     data = json.loads(samples("tau-bench")[0].read_text())[:3]
     alone = write_jsonl(tmp_path / "gpt-4o-airline.json", [])
     alone.write_text(json.dumps(data))
     bare = run_import("tau-bench", [alone], tmp_path / "out.jsonl")
-    assert all(s.tools is None and s.meta["missing"] == ["tools"] for s in bare)
+    assert all(s.tools is None and s.meta["missing"] == ["tools", "sampling"] for s in bare)
     given = run_import("tau-bench", [alone], tmp_path / "out2.jsonl", tools=tools_file)
     assert all(list(s.tools) == tools for s in given)
     no_system = [dict(run, traj=run["traj"][1:]) for run in data]
     alone.write_text(json.dumps(no_system))
-    assert all(s.meta["missing"] == ["system_prompt", "tools"] and s.messages[0]["role"] == "user"
+    assert all(s.meta["missing"] == ["system_prompt", "tools", "sampling"] and s.messages[0]["role"] == "user"
                for s in run_import("tau-bench", [alone], tmp_path / "out3.jsonl"))
 
 
@@ -348,7 +356,7 @@ def test_tau_bench_tools_come_from_the_file_beside_it_or_the_option_else_are_rec
 def test_claude_code_records_its_missing_system_prompt_and_tools(imported):
     _, sessions = imported("claude-code")
     for s in sessions:
-        assert s.meta["missing"] == ["system_prompt", "tools"]
+        assert s.meta["missing"] == ["system_prompt", "tools", "sampling"]
         assert s.tools is None and all(m["role"] != "system" for m in s.messages)
 
 
@@ -356,6 +364,7 @@ def test_claude_code_records_its_missing_system_prompt_and_tools(imported):
 def test_mini_swe_agent_has_its_system_prompt_and_no_tool_schemas_to_miss(imported, tmp_path):
     _, sessions = imported("mini-swe-agent")
     assert all(s.meta["missing"] == [] and s.messages[0]["role"] == "system" and s.tools is None for s in sessions)
+    assert all(s.meta["sampling"] == {"temperature": 0.0} for s in sessions)  # info.config.model.model_kwargs
     raw = json.loads(samples("mini-swe-agent")[0].read_text())
     raw["messages"] = raw["messages"][1:]
     path = tmp_path / "x.traj.json"
@@ -405,7 +414,7 @@ def test_tau2_drops_the_simulated_users_own_tool_calls_and_their_results(tmp_pat
     assert [m.get("reasoning_content") for m in s.messages if m["role"] == "assistant"] == [None, "Check the line.", "Ask the user.", "Solved."]
     [record] = raw_lines(tmp_path / "out.jsonl")
     assert record["meta"]["dropped"] == {"user_tool_calls": 2, "user_tool_results": 2, "user_tool_call_messages": 1}
-    assert record["meta"]["missing"] == ["system_prompt", "tools"]
+    assert record["meta"]["missing"] == ["system_prompt", "tools", "sampling"]
     assert record["meta"]["original"] == {"simulation_id": "sim-1", "task_id": "t1", "trial": 0, "agent_llm": "some-model"}
 
 
@@ -457,8 +466,12 @@ def test_options_a_format_does_not_read_are_refused(tmp_path):
     path = write_jsonl(tmp_path / "t.jsonl", claude_code_events())
     r = cli("mini-swe-agent", path, "-o", tmp_path / "o.jsonl", "--system-template", path)
     assert r.returncode == 2 and r.stderr.startswith("error: --system-template applies to tau2-bench")
-    r = cli("auto", path, "-o", tmp_path / "o.jsonl", "--tools", path)
-    assert r.returncode == 2 and "--tools applies to" in r.stderr
+    body = tmp_path / "anthropic.json"
+    body.write_text(json.dumps({"model": "m", "max_tokens": 5, "system": "s", "messages": [{"role": "user", "content": "q"},
+                                                                                            {"role": "assistant", "content": "a"}]}))
+    r = cli("auto", body, "-o", tmp_path / "o.jsonl", "--tools", path)  # under auto, no file reads --tools
+    assert r.returncode == 2 and "--tools applies to" in r.stderr and "none of the files" in r.stderr, r.stderr
+    assert not (tmp_path / "o.jsonl").exists()
     r = cli("claude-code", path, "-o", path)
     assert r.returncode == 2 and "is one of the input files" in r.stderr
 

@@ -15,24 +15,41 @@ allows (JSON-lines formats are streamed; single-document formats are parsed whol
     mini-swe-agent  mini_swe_agent.py   {info, messages, trajectory_format}
     claude-code     claude_code.py      one Claude Code event per line
     anthropic       anthropic.py        Messages API request bodies (JSON, JSON lines, VCR cassette)
+    openai-chat     openai_chat.py      Chat Completions request bodies + responses (JSON, JSON lines, cassette)
+    openai-responses openai_responses.py Responses API request bodies + responses
+    openai-batch    openai_batch.py     Batch input JSONL joined with its output JSONL by custom_id
+    otel-genai      otel_genai.py       OpenTelemetry GenAI spans (OTLP JSON)
+    litellm         litellm.py          LiteLLM StandardLoggingPayload records
+    vllm-log        vllm_log.py         vLLM's request log (token ids: token-level records)
+    openhands       openhands.py        OpenHands event streams and OpenAI-form trajectory rows
+
+(chat.py holds what the OpenAI-shaped ones share: messages, tools, responses, folding.)
 
 `auto` detects each file's format (`detect`) and refuses a file it does not recognise in one
-line listing the formats. Every session carries the same `meta` shape (common.py):
-importer {format, file, record}, original, missing, supplied, dropped.
+line listing the formats. Inputs may be gzip-compressed (read through gzip whatever their name),
+directories (every .json/.jsonl/.yaml/.yml/.log file below, .gz too, recursively, in sorted
+order; under `auto` a file there that is no log format is reported and skipped) or "-" for
+standard input. Every session carries the same `meta` shape (common.py): importer {format,
+file, record}, original, sampling, missing, supplied, dropped. Records a format drops on purpose
+(failed requests, calls logged without content) are counted per file (`FileCount.dropped`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import InputError, OptionError
-from ..sessions import SessionError, parse_record
-from . import anthropic, claude_code, mini_swe_agent, tau2_bench, tau_bench
-from .common import Options, Rejected, Source
+from ..sessions import SessionError, parse_record, resolve_inputs
+from . import (
+    anthropic, claude_code, litellm, mini_swe_agent, openai_batch, openai_chat, openai_responses, openhands, otel_genai, tau2_bench,
+    tau_bench, vllm_log,
+)
+from .common import Dropped, Options, Rejected, Source
 
 READERS = {
     "tau-bench": tau_bench.read,
@@ -40,10 +57,20 @@ READERS = {
     "mini-swe-agent": mini_swe_agent.read,
     "claude-code": claude_code.read,
     "anthropic": anthropic.read,
+    "openai-chat": openai_chat.read,
+    "openai-responses": openai_responses.read,
+    "openai-batch": openai_batch.read,
+    "otel-genai": otel_genai.read,
+    "litellm": litellm.read,
+    "vllm-log": vllm_log.read,
+    "openhands": openhands.read,
 }
 FORMATS = tuple(READERS)
 # Which user-supplied options each format reads (the CLI refuses an option no file can use).
-OPTIONS_READ = {"tools": ("tau-bench", "tau2-bench", "claude-code"), "system_template": ("tau2-bench",)}
+OPTIONS_READ = {"tools": ("tau-bench", "tau2-bench", "claude-code", "openai-chat", "openai-responses", "openai-batch", "otel-genai",
+                          "litellm", "openhands"),
+                "system_template": ("tau2-bench",)}
+IMPORT_SUFFIXES = tuple(s + gz for s in (".json", ".jsonl", ".yaml", ".yml", ".log") for gz in ("", ".gz"))
 
 
 def known_formats() -> str:
@@ -69,21 +96,51 @@ def detect(source: Source) -> str:
 
 def _classify(source: Source) -> str | None:
     if source.is_yaml():
-        return "anthropic" if anthropic.detect_cassette(source.document()) else None
+        document = source.document()
+        for name, test in (("openai-responses", openai_responses.detect_cassette), ("openai-chat", openai_chat.detect_cassette),
+                           ("anthropic", anthropic.detect_cassette)):
+            if test(document):
+                return name
+        return None
+    head = source.head_lines(200)
+    first_text = next((t.lstrip("\ufeff").lstrip() for _, t in head if t.strip()), "")
+    if first_text[:1] not in ("{", "["):
+        return "vllm-log" if vllm_log.detect_lines(head) else None
     if source.is_json_lines():
         lines = source.lines()
         first = next(lines, (0, None))[1]
         lines.close()
-        if claude_code.detect_event(first):
-            return "claude-code"
-        return "anthropic" if anthropic.detect_body(first) else None
-    document = source.document()
-    for name, test in (("tau-bench", tau_bench.detect), ("tau2-bench", tau2_bench.detect), ("mini-swe-agent", mini_swe_agent.detect)):
-        if test(document):
-            return name
-    if anthropic.detect_body(document) or (isinstance(document, list) and document and all(anthropic.detect_body(b) for b in document)):
+        return _classify_record(first, lines=True)
+    return _classify_record(source.document(), lines=False)
+
+
+def _classify_record(obj, lines: bool) -> str | None:
+    """The format of one JSON line (lines) or of a whole JSON document."""
+    if not lines:
+        for name, test in (("tau-bench", tau_bench.detect), ("tau2-bench", tau2_bench.detect), ("mini-swe-agent", mini_swe_agent.detect)):
+            if test(obj):
+                return name
+    items = obj if isinstance(obj, list) and not lines else [obj]
+    sample = items[0] if items else None
+    if lines and claude_code.detect_event(obj):
+        return "claude-code"
+    if openai_batch.is_input_line(sample) or openai_batch.is_output_line(sample):
+        return "openai-batch"
+    if litellm.detect(sample):
+        return "litellm"
+    if isinstance(sample, dict) and ("resourceSpans" in sample or ("spans" in sample and isinstance(sample["spans"], list))):
+        return "otel-genai"
+    if openhands.detect(obj if not lines or isinstance(obj, dict) else None) or (isinstance(obj, list) and openhands.detect(sample)):
+        return "openhands"
+    if openai_responses.detect_body(sample):
+        return "openai-responses"
+    if openai_chat.detect_body(sample):
+        return "openai-chat"
+    if anthropic.detect_body(sample) and (lines or not isinstance(obj, list) or all(anthropic.detect_body(b) for b in obj)):
         return "anthropic"
-    return "claude-code" if claude_code.detect_event(document) else None
+    if openai_chat.detect_body(sample, strong=False):
+        return "openai-chat"
+    return "claude-code" if not lines and claude_code.detect_event(obj) else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,10 +159,13 @@ class FileCount:
     format: str  # the format read ("?" when the file could not be read under on_error="skip")
     sessions: int = 0  # written
     skipped: list[SkippedRecord] = field(default_factory=list)
+    dropped: Counter = field(default_factory=Counter)  # records the format drops on purpose: kind -> how many
+    note: str = ""  # e.g. "output joined with its input" for an OpenAI Batch output file
 
 
-def sessions_of(source: Source, fmt: str, options: Options) -> Iterator[dict | SkippedRecord]:
-    """Canonical, validated sessions of one file in `fmt` (a SkippedRecord for each record that is not).
+def sessions_of(source: Source, fmt: str, options: Options) -> Iterator[dict | SkippedRecord | Dropped]:
+    """Canonical, validated sessions of one file in `fmt` (a SkippedRecord for each record that is
+    not, a Dropped for records the format leaves out on purpose).
 
     A session validates when the reader's `parse_record` accepts it; `line` in its messages
     is the record's position in the input, and the message names the record."""
@@ -115,6 +175,9 @@ def sessions_of(source: Source, fmt: str, options: Options) -> Iterator[dict | S
         for item in READERS[fmt](source, options):
             if isinstance(item, Rejected):
                 yield SkippedRecord(source.name, f"{source.name}: {item.what}")
+                continue
+            if isinstance(item, Dropped):
+                yield item
                 continue
             try:
                 parse_record(item, path=source.name, line=1, index=index, stem=source.stem)
@@ -149,6 +212,7 @@ def import_files(fmt: str, files, out: Path, options: Options = Options(), on_er
                  warn: Callable[[str], None] | None = None) -> list[FileCount]:
     """Convert `files` (format `fmt`, or "auto" per file) into `out`, atomically (all or nothing).
 
+    `files` may name directories (their log files, recursively, sorted) and "-" (standard input).
     on_error "fail": the first bad record raises its InputError and nothing is written;
     "skip": it is reported through `warn`, counted, and the import goes on (a file that cannot be
     read at all is skipped whole). Session ids are made unique across the output by appending
@@ -158,6 +222,33 @@ def import_files(fmt: str, files, out: Path, options: Options = Options(), on_er
     counts: list[FileCount] = []
     _write_atomically(out, _lines(fmt, files, options, on_error, warn, counts))
     return counts
+
+
+def expand(files) -> list[tuple[Path, bool]]:
+    """(file, found in a directory) for every input: directories walked for IMPORT_SUFFIXES, "-" spooled."""
+    out = []
+    for p in files:
+        within = str(p) != "-" and Path(p).is_dir()
+        out.extend((f, within) for f in resolve_inputs([p], IMPORT_SUFFIXES, what="log files"))
+    return out
+
+
+def _batch_outputs(fmt: str, inputs: list[tuple[Path, bool]]) -> tuple[list[tuple[Path, bool]], list[Path]]:
+    """Split OpenAI Batch output files (told by their first line) from the files to convert."""
+    if fmt not in ("auto", "openai-batch"):
+        return inputs, []
+    rest, outputs = [], []
+    for path, within in inputs:
+        source = Source(path)
+        try:
+            if source.is_yaml():
+                rest.append((path, within))
+                continue
+            first = next(source.lines(), (0, None))[1] if source.is_json_lines() else None
+        except InputError:
+            first = None  # unreadable: the conversion below reports it
+        (outputs.append(path) if openai_batch.is_output_line(first) else rest.append((path, within)))
+    return rest, outputs
 
 
 def _lines(fmt, files, options, on_error, warn, counts: list[FileCount]) -> Iterator[str]:
@@ -171,14 +262,31 @@ def _lines(fmt, files, options, on_error, warn, counts: list[FileCount]) -> Iter
         if warn is not None:
             warn(message)
 
-    for p in files:
+    inputs, outputs = _batch_outputs(fmt, expand(files))
+    if outputs:
+        options = replace(options, batch_outputs=tuple(outputs))
+    for p in outputs:
+        counts.append(FileCount(Source(p).name, "openai-batch", note="output, joined with its input"))
+    for p, within in inputs:
         source = Source(Path(p))
-        count = FileCount(str(p), "?")
+        count = FileCount(source.name, "?")
         counts.append(count)
         try:
-            count.format = detect(source) if fmt == "auto" else fmt
+            if fmt == "auto" and within:
+                try:
+                    count.format = detect(source)
+                except InputError as e:
+                    count.note = "not a log, skipped"
+                    if warn is not None:
+                        warn(f"{e} (found in a directory: skipped)")
+                    continue
+            else:
+                count.format = detect(source) if fmt == "auto" else fmt
             source.check_file()
             for item in sessions_of(source, count.format, options):
+                if isinstance(item, Dropped):
+                    count.dropped[item.kind] += item.n
+                    continue
                 line = item if isinstance(item, SkippedRecord) else _line(_unique(item, ids), source)
                 if isinstance(line, SkippedRecord):
                     skip(count, line.message)
@@ -189,6 +297,14 @@ def _lines(fmt, files, options, on_error, warn, counts: list[FileCount]) -> Iter
             if on_error == "fail":
                 raise
             skip(count, str(e))  # the rest of this file cannot be read; the next file can
+    formats = {c.format for c in counts}
+    if outputs and not any(c.format == "openai-batch" and not c.note for c in counts):
+        raise InputError(f"{Source(outputs[0]).name}: an OpenAI Batch output file without its input file; give the input "
+                         "file too (mtp-observe import openai-batch INPUT.jsonl OUTPUT.jsonl): the prompts are only there")
+    for option, readers in OPTIONS_READ.items():  # under auto an option must meet a file that reads it
+        if getattr(options, option) is not None and not formats & set(readers):
+            raise OptionError(f"--{option.replace('_', '-')} applies to {', '.join(readers)}; none of the files is in such a format "
+                              f"({', '.join(sorted(formats - {'?'})) or 'none read'})")
 
 
 def _write_atomically(out: Path, lines: Iterator[str]) -> None:

@@ -32,6 +32,8 @@ Mapping decisions:
   missing. Tool calls in a body without `tools` also record `tools` missing.
 - Dropped and counted: `redacted_thinking_blocks`, `media_blocks` (image, document),
   `unsupported_blocks` (server tool blocks and other types), `orphan_tool_results`.
+- Sampling: `temperature`, `top_p`, `top_k` and `max_tokens` of the body go to meta.sampling
+  (common.py: vLLM's names; the folded session takes its last request's).
 - id: `<file stem>:<n>` where n is the interaction, list index or line of the (last) request;
   the file stem alone for a single body. `original` keeps the model and the response id.
 """
@@ -41,8 +43,8 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 from .common import (
-    Malformed, Options, Rejected, Source, as_dict, as_list, as_str, drop_orphan_results, join_text, loads, meta, objects,
-    originals, session, user_messages,
+    Malformed, Options, Rejected, Source, as_dict, as_list, as_str, drop_orphan_results, interactions, join_text, meta, objects,
+    originals, sampling_params, session, user_messages,
 )
 
 FORMAT = "anthropic"
@@ -75,7 +77,7 @@ def detect_body(obj) -> bool:
 
 
 def detect_cassette(document) -> bool:
-    return any(body is not None and (detect_body(body) or "anthropic" in uri) for _, uri, body, _ in _interactions(document, strict=False))
+    return any(body is not None and (detect_body(body) or "anthropic" in uri) for _, uri, body, _ in interactions(document, strict=False))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +177,7 @@ def conversation(body, response, where: str) -> dict:
             reply["content"] = prefill["content"] + reply["content"]
         messages.append(reply)
     tools = _tools(body["tools"], f"{where}.tools", counts) if body.get("tools") is not None else []
-    return {"messages": messages, "tools": tools, "counts": counts,
+    return {"messages": messages, "tools": tools, "counts": counts, "sampling": sampling_params(body, where),
             "original": originals(model=body.get("model"), response_id=response_id)}
 
 
@@ -220,51 +222,15 @@ def _session(conv: dict, label: str, number: int | None, folded: list[str], sour
     original = dict(conv["original"], requests=[*folded, label])
     return session(sid, messages, conv["tools"] or None, meta(
         FORMAT, source, label, original=original, missing=missing, supplied={},
-        dropped={**conv["counts"], "orphan_tool_results": orphans}))
+        dropped={**conv["counts"], "orphan_tool_results": orphans}, sampling=conv["sampling"]))
 
 
 # ---------------------------------------------------------------------------------------------
 # Files
 
 
-def _json_body(body, where: str):
-    """A recorded HTTP body: already parsed, a JSON string, or vcrpy's {"string": JSON}."""
-    if isinstance(body, dict) and isinstance(body.get("string"), str):
-        body = body["string"]
-    if isinstance(body, (str, bytes)):
-        try:
-            text = body.decode("utf-8") if isinstance(body, bytes) else body
-            return loads(text, where)
-        except (Malformed, UnicodeDecodeError):
-            return None
-    return body
-
-
-def _interactions(document, strict: bool = True):
-    """(label, uri, request body or None, response body or None) for each recorded interaction."""
-    if strict:
-        items = as_list(as_dict(document, "the file").get("interactions"), "interactions")
-    else:
-        items = document.get("interactions") if isinstance(document, dict) else None
-        if not isinstance(items, list):
-            return
-    for i, item in enumerate(items):
-        label = f"interactions[{i}]"
-        if not isinstance(item, dict) or not isinstance(item.get("request"), dict):
-            if strict:
-                raise Malformed(label, "must be an object with a request")
-            continue
-        request, response = item["request"], item.get("response")
-        uri = request.get("uri") if isinstance(request.get("uri"), str) else ""
-        body = request.get("parsed_body") if "parsed_body" in request else _json_body(request.get("body"), f"{label}.request.body")
-        reply = None
-        if isinstance(response, dict):
-            reply = response.get("parsed_body") if "parsed_body" in response else _json_body(response.get("body"), f"{label}.response.body")
-        yield label, uri, body, reply
-
-
 def _cassette_items(document):
-    for i, (label, uri, body, reply) in enumerate(_interactions(document)):
+    for i, (label, uri, body, reply) in enumerate(interactions(document)):
         if not isinstance(body, dict) or "messages" not in body or "count_tokens" in uri:
             continue  # not a conversation request
         yield label, i, body, reply

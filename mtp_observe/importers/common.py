@@ -10,16 +10,29 @@ The canonical session an importer yields (SESSIONS.md, OpenAI chat form):
 
     {"id": str, "messages": [...], "tools": [...]?, "meta": META}
 
-META has the same five keys for every format (README.md, "import"):
+META has the same six keys for every format (README.md, "import"):
 
     "importer": {"format": "tau2-bench", "file": "<path as given>", "record": "simulations[3]"}
-    "original": {...}     format-specific ids and labels of the record (task_id, trial, session_id, ...)
-    "missing":  [...]     what the agent saw that the log does not hold: "system_prompt", "tools"
+    "original": {...}     format-specific ids and labels of the record (task_id, trial, session_id, model, ...)
+    "sampling": {...}     the sampling parameters the log states, under vLLM's SamplingParams names
+    "missing":  [...]     what the agent saw that the log does not hold: "system_prompt", "tools",
+                          "sampling" (the log states no sampling parameter), "content" (some model calls
+                          of the conversation were logged without their messages)
     "supplied": {...}     what came from outside the log: {"system_prompt": PATH, "tools": PATH}
     "dropped":  {...}     what was left out and how often, e.g. {"user_tool_calls": 2}
 
 `missing` is never filled by invention: a system prompt or tool schemas are in the output only
 when the log holds them or the user supplied them (`supplied` says from where).
+
+Sampling (`sampling_params`): the keys are vLLM's SamplingParams field names exactly —
+temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty, repetition_penalty, seed,
+max_tokens — with plain JSON numbers (or null where the log states "none", e.g. vLLM's seed=None).
+`max_completion_tokens` (Chat Completions) and `max_output_tokens` (Responses) are recorded as
+max_tokens, as vLLM maps them; when a body has both, max_completion_tokens wins (vLLM's order).
+top_k "off" is written 0 whichever spelling the log uses (vLLM treats 0 and -1 alike: "Set to 0 (or
+-1) to consider all tokens", vllm/sampling_params.py). A parameter the log leaves unset (absent or
+null in a request body) is left out: the server's default applied, and it is not in the log.
+Out-of-range values (what vLLM would refuse) make the record malformed.
 """
 
 from __future__ import annotations
@@ -32,8 +45,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import InputError
+from ..sessions import GZIP_ERRORS, STDIN, input_name, open_binary
 
-MISSING_KINDS = ("system_prompt", "tools")  # the order `missing` lists them in
+MISSING_KINDS = ("system_prompt", "tools", "sampling", "content")  # the order `missing` lists them in
 
 
 class Malformed(ValueError):
@@ -80,7 +94,8 @@ def loads(text: str, where: str):
 
 @dataclass
 class Source:
-    """One input file. `document()` parses it whole (cached); `lines()` streams JSON lines."""
+    """One input file (gzip-compressed or not; "-" is standard input, spooled by `sessions.resolve_inputs`).
+    `document()` parses it whole (cached); `lines()` streams JSON lines; `text_lines()` streams text."""
 
     path: Path
     _document: Any = field(default=None, repr=False)
@@ -88,26 +103,46 @@ class Source:
 
     @property
     def name(self) -> str:
-        return str(self.path)
+        return input_name(self.path)
+
+    @property
+    def _plain_name(self) -> str:
+        """The file name without a trailing .gz ("stdin" for standard input)."""
+        if self.name == STDIN:
+            return "stdin"
+        name = self.path.name
+        return name[:-3] if name.endswith(".gz") and len(name) > 3 else name
 
     @property
     def stem(self) -> str:
-        name = self.path.name
-        for suffix in (".traj.json", ".jsonl", ".json", ".yaml", ".yml"):
+        name = self._plain_name
+        for suffix in (".traj.json", ".jsonl", ".json", ".yaml", ".yml", ".log", ".txt"):
             if name.endswith(suffix) and len(name) > len(suffix):
                 return name[: -len(suffix)]
-        return self.path.stem or name
+        return Path(name).stem or name
 
     def error(self, what: str) -> InputError:
-        return InputError(f"{self.path}: {what}")
+        return InputError(f"{self.name}: {what}")
 
     def check_file(self) -> None:
         if not self.path.is_file():
             raise self.error("no such file (or not a file); check the path")
 
+    def _open(self):
+        try:
+            return open_binary(self.path)
+        except InputError:
+            raise self.error("cannot read it; check the path and its permissions") from None
+
+    def _damaged(self, e: BaseException) -> InputError:
+        return self.error(f"a damaged gzip file ({type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}); recompress or gunzip it")
+
     def read_bytes(self) -> bytes:
         try:
-            return self.path.read_bytes()
+            with self._open() as f:
+                return f.read()
+        except GZIP_ERRORS as e:
+            raise self._damaged(e)
         except OSError as e:
             raise self.error(f"cannot read ({e.strerror}); check the path and its permissions")
 
@@ -120,7 +155,13 @@ class Source:
             raise self.error(f"line {line}: not UTF-8 text ({e.reason}); re-encode the file as UTF-8")
 
     def is_yaml(self) -> bool:
-        return self.path.suffix.lower() in (".yaml", ".yml")
+        """A .yaml/.yml name (also .yaml.gz); standard input that starts like a VCR cassette."""
+        if self._plain_name.lower().endswith((".yaml", ".yml")):
+            return True
+        if self.name == STDIN:
+            head = next((line for _, line in self.head_lines(20) if line.strip() and not line.lstrip().startswith("#")), "")
+            return head.startswith(("interactions:", "version:", "---"))
+        return False
 
     def document(self):
         """The whole file as one JSON document (or YAML for .yaml/.yml), parsed once."""
@@ -137,42 +178,67 @@ class Source:
             self._parsed = True
         return self._document
 
+    def _raw_lines(self) -> Iterator[bytes]:
+        f = self._open()
+        with f:
+            try:
+                yield from f
+            except GZIP_ERRORS as e:
+                raise self._damaged(e)
+            except OSError as e:
+                raise self.error(f"cannot read ({e.strerror}); check the path and its permissions")
+
     def is_json_lines(self) -> bool:
         """True when the first non-blank line is a whole JSON value and another non-blank line
         follows (JSON lines); False for one JSON document, however it is laid out."""
+        raws = self._raw_lines()
         try:
-            f = open(self.path, "rb")
-        except OSError as e:
-            raise self.error(f"cannot read ({e.strerror}); check the path and its permissions")
-        with f:
-            first = next((raw for raw in f if raw.strip()), None)
+            first = next((raw for raw in raws if raw.strip()), None)
             if first is None:
                 return False
             try:
                 loads(first.decode("utf-8-sig"), "")
             except (Malformed, UnicodeDecodeError):
                 return False
-            return any(raw.strip() for raw in f)
+            return any(raw.strip() for raw in raws)
+        finally:
+            raws.close()
+
+    def head_lines(self, n: int) -> list[tuple[int, str]]:
+        """The first n lines as text (undecodable bytes replaced): enough to tell a format by."""
+        out = []
+        raws = self._raw_lines()
+        try:
+            for k, raw in enumerate(raws, start=1):
+                out.append((k, raw.decode("utf-8", "replace")))
+                if k >= n:
+                    break
+        finally:
+            raws.close()
+        return out
+
+    def text_lines(self) -> Iterator[tuple[int, str]]:
+        """(line number, text) for every line, streamed; a line that is not UTF-8 is an InputError."""
+        for n, raw in enumerate(self._raw_lines(), start=1):
+            try:
+                yield n, raw.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise self.error(f"line {n}: not UTF-8 text ({e.reason}); re-encode the file as UTF-8")
 
     def lines(self) -> Iterator[tuple[int, Any]]:
         """(line number, parsed JSON) for every non-blank line, streamed from disk."""
-        try:
-            f = open(self.path, "rb")
-        except OSError as e:
-            raise self.error(f"cannot read ({e.strerror}); check the path and its permissions")
-        with f:
-            for n, raw in enumerate(f, start=1):
-                try:
-                    text = raw.decode("utf-8-sig" if n == 1 else "utf-8")
-                except UnicodeDecodeError as e:
-                    raise self.error(f"line {n}: not UTF-8 text ({e.reason}); re-encode the file as UTF-8")
-                if not text.strip():
-                    continue
-                try:
-                    yield n, loads(text, "")
-                except Malformed as e:
-                    hint = "; each line must be one JSON value" if e.what.startswith("invalid JSON") else ""
-                    raise self.error(f"line {n}: {e.what}{hint}")
+        for n, raw in enumerate(self._raw_lines(), start=1):
+            try:
+                text = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise self.error(f"line {n}: not UTF-8 text ({e.reason}); re-encode the file as UTF-8")
+            if not text.strip():
+                continue
+            try:
+                yield n, loads(text, "")
+            except Malformed as e:
+                hint = "; each line must be one JSON value" if e.what.startswith("invalid JSON") else ""
+                raise self.error(f"line {n}: {e.what}{hint}")
 
 
 def _load_yaml(text: str, source: Source):
@@ -204,6 +270,15 @@ class Rejected:
     what: str  # "<location in the file>: <what is wrong>"
 
 
+@dataclass(frozen=True)
+class Dropped:
+    """Records deliberately not converted, counted per file, not errors: a failed request, a model
+    call logged without its messages, a batch request with no output line."""
+
+    kind: str  # e.g. "failed_requests"; the import prints "N failed_requests dropped"
+    n: int = 1
+
+
 def each_record(records, convert_one) -> Iterator:
     """convert_one(index, record) for each record; a Malformed record becomes a Rejected item."""
     for i, record in enumerate(records):
@@ -211,6 +286,51 @@ def each_record(records, convert_one) -> Iterator:
             yield convert_one(i, record)
         except Malformed as e:
             yield Rejected(str(e))
+
+
+# ---------------------------------------------------------------------------------------------
+# VCR cassettes (vcrpy, pydantic-ai, OpenTelemetry's instrumentation tests)
+
+
+def http_body(body, where: str, keep_text: bool = False):
+    """A recorded HTTP body: already parsed, a JSON string, or vcrpy's {"string": JSON}. Text that is not
+    JSON (a streamed `data: ...` body) is returned as it is when `keep_text`, else None."""
+    if isinstance(body, dict) and isinstance(body.get("string"), (str, bytes)):
+        body = body["string"]
+    if isinstance(body, (str, bytes)):
+        try:
+            text = body.decode("utf-8") if isinstance(body, bytes) else body
+        except UnicodeDecodeError:
+            return None
+        try:
+            return loads(text, where)
+        except Malformed:
+            return text if keep_text else None
+    return body
+
+
+def interactions(document, strict: bool = True, keep_text: bool = False):
+    """(label, uri, request body or None, response body or None) for each recorded interaction."""
+    if strict:
+        items = as_list(as_dict(document, "the file").get("interactions"), "interactions")
+    else:
+        items = document.get("interactions") if isinstance(document, dict) else None
+        if not isinstance(items, list):
+            return
+    for i, item in enumerate(items):
+        label = f"interactions[{i}]"
+        if not isinstance(item, dict) or not isinstance(item.get("request"), dict):
+            if strict:
+                raise Malformed(label, "must be an object with a request")
+            continue
+        request, response = item["request"], item.get("response")
+        uri = request.get("uri") if isinstance(request.get("uri"), str) else ""
+        body = request.get("parsed_body") if "parsed_body" in request else http_body(request.get("body"), f"{label}.request.body")
+        reply = None
+        if isinstance(response, dict):
+            reply = (response.get("parsed_body") if "parsed_body" in response
+                     else http_body(response.get("body"), f"{label}.response.body", keep_text=keep_text))
+        yield label, uri, body, reply
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,14 +510,85 @@ def _id_key(value):
     return value if isinstance(value, (str, int, float, bool)) or value is None else object()
 
 
-def meta(fmt: str, source: Source, record: str, *, original: dict, missing, supplied: dict, dropped: dict) -> dict:
+def meta(fmt: str, source: Source, record: str, *, original: dict, missing, supplied: dict, dropped: dict,
+         sampling: dict | None = None) -> dict:
+    """The six meta keys; "sampling" is recorded missing when the log states no sampling parameter."""
+    sampling = sampling or {}
+    missing = set(missing) | ({"sampling"} if not sampling else set())
     return {
         "importer": {"format": fmt, "file": source.name, "record": record},
         "original": original,
-        "missing": [k for k in MISSING_KINDS if k in set(missing)],
+        "sampling": sampling,
+        "missing": [k for k in MISSING_KINDS if k in missing],
         "supplied": {k: str(v) for k, v in supplied.items()},
         "dropped": {k: v for k, v in dropped.items() if v},
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling parameters (meta.sampling)
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty", "seed", "max_tokens")  # vLLM SamplingParams field names
+INTEGER_KEYS = ("top_k", "seed", "max_tokens")
+# What vLLM accepts (SamplingParams._verify_args); a log holding anything else is malformed.
+_RANGES = {
+    "temperature": (lambda v: v >= 0, ">= 0"),
+    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "top_k": (lambda v: v >= -1, ">= -1 (0 and -1 mean off)"),
+    "min_p": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "presence_penalty": (lambda v: -2 <= v <= 2, "in [-2, 2]"),
+    "frequency_penalty": (lambda v: -2 <= v <= 2, "in [-2, 2]"),
+    "repetition_penalty": (lambda v: v > 0, "> 0"),
+    "seed": (lambda v: True, ""),
+    "max_tokens": (lambda v: v >= 1, ">= 1"),
+}
+# Other spellings of max_tokens, in the order vLLM prefers them (first present wins).
+MAX_TOKENS_ALIASES = ("max_completion_tokens", "max_output_tokens", "max_tokens")
+
+
+def sampling_params(values: dict, where: str, names: dict | None = None, keep_null: bool = False) -> dict:
+    """meta.sampling from a log's parameters (pure). `values` maps the log's keys to its values;
+    `names` renames them to vLLM's (e.g. {"gen_ai.request.temperature": "temperature"}), else the
+    keys are taken as vLLM's or as an alias of max_tokens. A null value is "unset" and left out, unless
+    `keep_null` (the log states the effective value, as vLLM's SamplingParams repr does).
+
+    Worked example: {"temperature": 0.7, "top_k": -1, "max_completion_tokens": 64, "stop": ["x"]}
+    -> {"temperature": 0.7, "top_k": 0, "max_tokens": 64}."""
+    renamed: dict = {}
+    for key, value in values.items():
+        name = names.get(key) if names is not None else key
+        if name in MAX_TOKENS_ALIASES:
+            rank = MAX_TOKENS_ALIASES.index(name)
+            if value is None and not keep_null:
+                continue
+            if "max_tokens" in renamed and renamed["max_tokens"][0] <= rank:
+                continue
+            renamed["max_tokens"] = (rank, key, value)
+        elif name in SAMPLING_KEYS:
+            if value is None and not keep_null:
+                continue
+            renamed[name] = (0, key, value)
+    out = {}
+    for name in SAMPLING_KEYS:  # a stable key order
+        if name not in renamed:
+            continue
+        _, key, value = renamed[name]
+        w = f"{where}.{key}" if where else key
+        if value is None:
+            out[name] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise Malformed(w, f"must be a number, not {kind(value) if not isinstance(value, float) else value}")
+        if name in INTEGER_KEYS:
+            if value != int(value):
+                raise Malformed(w, f"must be a whole number, not {value}")
+            value = int(value)
+        ok, rule = _RANGES[name]
+        if not ok(value):
+            raise Malformed(w, f"{value} is out of range (vLLM accepts {rule})")
+        out[name] = 0 if name == "top_k" and value < 0 else value
+    return out
 
 
 def session(sid: str, messages: list[dict], tools: list[dict] | None, meta_: dict) -> dict:
@@ -414,3 +605,4 @@ class Options:
 
     tools: Path | None = None  # OpenAI tool schemas (JSON list)
     system_template: Path | None = None  # tau2's agent system prompt template with {domain_policy}
+    batch_outputs: tuple[Path, ...] = ()  # OpenAI Batch output files given beside the inputs (import_files finds them)

@@ -19,6 +19,8 @@ Mapping decisions:
 - `exit` messages (the agent's final status in newer formats) are not model turns: dropped and
   counted (`dropped.exit_messages`).
 - The system prompt is the file's system message; without one it is recorded missing.
+- Sampling: `info.config.model.model_kwargs` (litellm's call arguments: temperature, top_p, ...)
+  -> meta.sampling under vLLM's names (common.py).
 - id: `instance_id`, else the file name without `.traj.json`. `original` keeps instance_id,
   exit_status, trajectory_format and the model name from `info.config.model.model_name`.
 """
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from .common import Malformed, Options, Source, as_dict, as_str, drop_orphan_results, join_text, meta, objects, originals, session
+from .common import Malformed, Options, Source, as_dict, as_str, drop_orphan_results, join_text, meta, objects, originals, sampling_params, session
 
 FORMAT = "mini-swe-agent"
 MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
@@ -84,13 +86,15 @@ def convert(document, source: Source) -> dict:
     instance_id = document.get("instance_id")
     sid = instance_id if isinstance(instance_id, str) and instance_id else source.stem
     has_calls = any(m.get("tool_calls") for m in messages if m.get("role") == "assistant")
+    kwargs = model.get("model_kwargs") if isinstance(model, dict) else None
+    sampling = sampling_params(kwargs, "info.config.model.model_kwargs") if isinstance(kwargs, dict) else {}
     missing = ([] if messages and messages[0].get("role") == "system" else ["system_prompt"]) + (["tools"] if has_calls else [])
     return session(sid, messages, None, meta(
         FORMAT, source, "the file", missing=missing, supplied={},
         original=originals(instance_id=instance_id, exit_status=info.get("exit_status"),
                            trajectory_format=document.get("trajectory_format"),
                            model=model.get("model_name") if isinstance(model, dict) else None),
-        dropped={"exit_messages": exits, "orphan_tool_results": orphans}))
+        dropped={"exit_messages": exits, "orphan_tool_results": orphans}, sampling=sampling))
 
 
 def read(source: Source, options: Options) -> Iterator[dict]:

@@ -25,6 +25,8 @@ Mapping decisions:
   `tools_<domain>.json` beside the input, else recorded missing.
 - Tool calls become OpenAI calls with object arguments; tool results are `tool` messages whose
   `tool_call_id` is the tau2 tool message `id`.
+- Sampling: the agent's `info.agent_info.llm_args` (temperature, ...) -> meta.sampling under vLLM's
+  names (common.py); the user simulator's own are not the agent's.
 - id: the simulation id (a UUID); `<file stem>:<index>` when absent. `original` keeps the
   simulation id, task_id, trial, termination_reason, reward and the agent's model.
 """
@@ -51,6 +53,7 @@ from .common import (
     meta,
     objects,
     originals,
+    sampling_params,
     session,
     tools_beside,
 )
@@ -170,7 +173,7 @@ def convert_simulation(i: int, sim, source: Source, env: "Environment") -> dict:
         FORMAT, source, where, missing=missing, supplied=supplied,
         original=originals(simulation_id=sim_id, task_id=sim.get("task_id"), trial=sim.get("trial"),
                            termination_reason=sim.get("termination_reason"), reward=reward, agent_llm=env.agent_llm),
-        dropped={**counts, "orphan_tool_results": orphans}))
+        dropped={**counts, "orphan_tool_results": orphans}, sampling=env.sampling))
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,7 @@ class Environment:
     tools: list[dict] | None  # --tools or a tools file beside the input
     tools_file: Path | None
     agent_llm: object
+    sampling: dict  # meta.sampling: the agent's llm_args
 
 
 def environment(document, template: str | None, template_file: Path | None, tools, tools_file) -> Environment:
@@ -192,8 +196,10 @@ def environment(document, template: str | None, template_file: Path | None, tool
     policy = as_str(env.get("policy"), "info.environment_info.policy", optional=True)
     agent = info.get("agent_info")
     system = template.replace(POLICY_SLOT, policy) if template is not None and policy is not None else None
+    llm_args = agent.get("llm_args") if isinstance(agent, dict) else None
+    sampling = sampling_params(llm_args, "info.agent_info.llm_args") if isinstance(llm_args, dict) else {}
     return Environment(system, template_file if system is not None else None, _tool_defs(env.get("tool_defs"), "info.environment_info.tool_defs"),
-                       tools, tools_file, agent.get("llm") if isinstance(agent, dict) else None)
+                       tools, tools_file, agent.get("llm") if isinstance(agent, dict) else None, sampling)
 
 
 def read(source: Source, options: Options) -> Iterator[dict]:
