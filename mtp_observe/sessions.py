@@ -274,9 +274,6 @@ def input_stem(path: str | Path) -> str:
 
 def _spool_stdin() -> Path:
     """Standard input copied (in blocks) to a temporary file, removed when the process exits."""
-    for path, name in _spooled.items():
-        if name == STDIN:
-            return path  # "-" given twice: the same input
     fd, tmp = tempfile.mkstemp(prefix="mtp-observe-stdin-")
     path = Path(tmp)
     atexit.register(lambda: path.unlink(missing_ok=True))
@@ -290,9 +287,11 @@ def resolve_inputs(paths: Iterable[str | Path], suffixes: tuple[str, ...] = SESS
     """Files as given, directories expanded (files ending in `suffixes`, recursively, sorted, hidden
     ones skipped), "-" spooled from standard input. A missing path is an InputError."""
     out: list[Path] = []
+    stdin = None
     for p in paths:
         if str(p) == STDIN:
-            out.append(_spool_stdin())
+            stdin = stdin or _spool_stdin()  # "-" twice is the same input
+            out.append(stdin)
             continue
         path = Path(p)
         if path.is_dir():

@@ -91,7 +91,7 @@ def test_every_import_refusal_through_the_cli_is_exit_2_with_one_line(tmp_path, 
 
 # --- slow: over 5,000 inputs ------------------------------------------------------------------
 
-SLOW = {"import": 800, "auto": 800, "read": 1200, "cli import": 400, "cli sessions": 60}
+SLOW = {"import": 400, "auto": 800, "read": 1200, "cli import": 400, "cli sessions": 60}
 
 
 @pytest.mark.slow

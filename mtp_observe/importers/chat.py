@@ -32,7 +32,8 @@ Mapping decisions (each importer's docstring adds its own):
 
 Folding (`fold`): an agent resends the whole history with each request, so a conversation whose
 messages are the start of the next conversation's is not a session of its own: the later one
-holds it. Messages compare by role, text, tool calls (id, name, arguments as parsed JSON) and
+holds it (`fold` compares neighbours in a stream; `fold_group`, for the calls of one trace, any
+earlier open conversation). Messages compare by role, text, tool calls (id, name, arguments as parsed JSON) and
 tool_call_id — not by reasoning, which clients often strip before resending; a folded turn keeps
 the reasoning of whichever copy has it (the earlier response: what the model generated). The
 session takes the tools of the latest request that sent any (an agent may add tools as it goes,
@@ -332,6 +333,20 @@ def fold(items: Iterable) -> Iterator:
         pending = item
     if pending is not None:
         yield pending
+
+
+def fold_group(conversations: list[Conversation]) -> list[Conversation]:
+    """The calls of one run (a trace, a conversation id) in time order -> its conversations: each call
+    joins the open conversation it resends (the longest such), else opens one; in order of their first
+    call. Unlike `fold`, interleaved conversations of the run (an agent and its sub-agent) both fold."""
+    open_: list[Conversation] = []
+    for conv in conversations:
+        best = max((k for k, c in enumerate(open_) if resends(c, conv)), key=lambda k: len(open_[k].messages), default=None)
+        if best is None:
+            open_.append(conv)
+        else:
+            open_[best] = absorb(open_[best], conv)
+    return open_
 
 
 def request(body: dict, response, label: str, number: int | None, where: str = "") -> Conversation:

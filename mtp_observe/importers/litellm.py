@@ -16,9 +16,9 @@ Mapping decisions:
   else tool calls record `tools` missing (`--tools FILE` supplies them). Sampling comes from
   `model_parameters` (temperature, top_p, max_tokens, seed, ...; vLLM's names, common.py).
 - Grouping: payloads sharing a `trace_id` are one agent run; sorted by `startTime` (a float epoch
-  or a "YYYY-MM-DD hh:mm:ss" string), a call whose messages the next call resends folds into it
-  (chat.fold), so a run logged as N growing calls is one session. Payloads without a trace_id
-  fold with their neighbours in file order. All payloads of a file are held in memory to group them.
+  or a "YYYY-MM-DD hh:mm:ss" string), a call whose messages a later call resends folds into it
+  (chat.fold_group: interleaved sub-agent calls stay apart), so a run logged as N growing calls is
+  one session. Payloads without a trace_id fold the same way among a run of untraced neighbours. All payloads of a file are held in memory to group them.
 - id: the trace_id (a trace that stays several conversations gets #2, #3 from the importer), else
   the payload `id` (the response id), else `<file stem>:<n>`. `original` keeps trace_id, the
   last call's id, the model, `hidden_params.litellm_model_name` and `custom_llm_provider`.
@@ -108,7 +108,7 @@ def conversations(items) -> Iterator:
         traces[key].append((_start(_unwrap(payload)) if trace is not None else 0.0, k, item))
     for key in order:
         group = [conv for _, _, conv in sorted(traces[key], key=lambda t: (t[0], t[1]))]
-        yield from chat.fold(group)
+        yield from chat.fold_group(group)
 
 
 def items_of(source: Source):

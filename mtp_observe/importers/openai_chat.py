@@ -16,7 +16,8 @@ Mapping decisions (message, tool and response conversion: chat.py):
   the assistant turns already in the history are scored.
 - A request whose messages the next request resends (the agent loop: each request carries the
   whole history) is folded into the next one (chat.fold): a conversation logged as N growing
-  requests is one session with N assistant turns. `original.requests` lists them.
+  requests is one session with N assistant turns. `original.requests` lists them. Only neighbours
+  fold (the file is streamed, as for `anthropic`): interleaved conversations stay apart.
 - Tool calls keep their JSON-string `arguments` (the reader parses them); tool results are
   `tool` messages with their `tool_call_id`; parallel calls and their results stay as logged.
 - Reasoning: `reasoning_content` / `reasoning` (and `reasoning_details`) on assistant messages and

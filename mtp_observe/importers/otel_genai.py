@@ -42,9 +42,9 @@ Mapping decisions:
 - Sampling: `gen_ai.request.temperature`, `.top_p`, `.top_k`, `.presence_penalty`,
   `.frequency_penalty`, `.max_tokens`, `.seed` -> meta.sampling (vLLM's names, common.py).
 - Conversations: calls sharing `gen_ai.conversation.id` (else the trace) are one run; in order of
-  end time, a call whose messages the next call's input resends folds into it (chat.fold): the run
+  end time, a call whose messages a later call's input resends folds into it (chat.fold_group): the run
   logged as N growing calls is one session, and calls of the trace that are not part of it (a
-  sub-agent) stay sessions of their own. Every span of a file is held in memory to group them.
+  sub-agent, even interleaved with it) stay sessions of their own. Every span of a file is held in memory to group them.
 - id: the conversation id, else the trace id; `original` keeps both, the span ids of the calls
   folded in (`requests`), the model, response id and response model.
 """
@@ -422,7 +422,7 @@ def conversations(spans) -> Iterator:
             yield Dropped("calls_without_content", without)
             continue
         ids = calls[-1][0]
-        for conv in chat.fold(with_content):
+        for conv in chat.fold_group(with_content):
             conv.original = {**conv.original, **({"conversation_id": ids["conversation_id"]} if isinstance(ids["conversation_id"], str) else {}),
                              **({"trace_id": ids["trace_id"]} if isinstance(ids["trace_id"], str) else {})}
             if without:
