@@ -34,3 +34,23 @@ def test_the_sessions_benchmark_streams_a_generated_file_through_the_cli(tmp_pat
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "peak RSS" in proc.stdout and "sessions" in proc.stdout
     assert (tmp_path / "big.jsonl").stat().st_size >= 500_000
+
+
+def test_the_corpus_benchmark_imports_and_renders_the_folders_it_is_given(tmp_path):
+    from .conftest import SESSIONS_PUBLIC
+
+    if SESSIONS_PUBLIC is None:
+        import pytest
+
+        pytest.skip("../shared/sessions-public is absent on this machine")
+    out = tmp_path / "corpus.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "corpus_bench.py"), "--root", str(SESSIONS_PUBLIC),
+         "--only", "openai-batch,otel-genai,litellm-standard-logging-payload", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [(r["folder"], r["formats"], r["sessions"]) for r in result["folders"]] == [
+        ("litellm-standard-logging-payload", ["litellm"], 1), ("openai-batch", ["openai-batch"], 2), ("otel-genai", ["otel-genai"], 16)]
+    assert result["total"]["sessions"] == 19 and result["total"]["tokens"] > 0 and result["total"]["render_s"] > 0
