@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", type=Path, default=ROOT.parent / "shared" / "sessions-public")
+    parser.add_argument("--root", type=Path, default=None, help="the corpus (default: the one the tests read, tests/conftest.py)")
     parser.add_argument("--only", default="", help="comma-separated folder names (default: every folder)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -35,7 +35,11 @@ def main() -> None:
     from mtp_observe.rendering import Renderer
     from mtp_observe.sessions import read_sessions
     from tests import log_samples
+    from tests.conftest import SESSIONS_PUBLIC
 
+    args.root = args.root or SESSIONS_PUBLIC
+    if args.root is None or not args.root.is_dir():
+        sys.exit("no corpus: pass --root ../shared/sessions-public")
     log_samples.SESSIONS_PUBLIC = args.root
     renderer = Renderer.from_model_dir(default_model_dir(), vocab_size=4096)
     folders = sorted(p for p in args.root.iterdir() if p.is_dir())
