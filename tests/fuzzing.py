@@ -457,7 +457,6 @@ def check_import(fmt: str, data: bytes, suffix: str, directory: Path, on_error: 
     """The importer writes only sessions the reader accepts, or refuses in one line naming the file."""
     RUNS[f"import {fmt}"] += 1
     paths = write_input(data, suffix, directory)
-    path = paths[0]
     out = directory / "out.jsonl"
     try:
         counts = import_files(fmt, paths, out, on_error=on_error)

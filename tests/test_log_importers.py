@@ -554,7 +554,7 @@ def test_a_vllm_log_cut_by_max_log_len_is_refused_and_one_without_output_ids_nam
     path = vllm_log(tmp_path, ("cut", "abc", prompt, out, "z"), ("whole", "abc", prompt[:5], out, "z"), head=head)
     with pytest.raises(InputError, match=r"request cut: the log is cut at --max-log-len 8 \(a token id list of exactly 8 ids\); restart vLLM without --max-log-len"):
         import_files("vllm-log", [path], tmp_path / "out.jsonl")
-    sessions, counts = [], import_files("vllm-log", [path], tmp_path / "out.jsonl", on_error="skip")
+    counts = import_files("vllm-log", [path], tmp_path / "out.jsonl", on_error="skip")
     assert counts[0].sessions == 1 and len(counts[0].skipped) == 1
     # the same cut told by the prompt text: 8 characters and 8 ids, no startup line
     cut_text = vllm_log(tmp_path, ("cut", "a" * 16, list(range(1, 17)), out, "z"))

@@ -49,7 +49,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
-from .common import Malformed, as_dict, as_list, as_str, drop_orphan_results, join_text, kind, loads, meta, objects, session
+from .common import Malformed, as_dict, as_str, drop_orphan_results, join_text, kind, loads, meta, objects, session
 
 TEXT_PARTS = ("text", "input_text", "output_text")
 MEDIA_PARTS = ("image_url", "input_image", "image", "input_audio", "audio", "file", "input_file", "video_url")

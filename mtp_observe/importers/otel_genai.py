@@ -19,7 +19,8 @@ Mapping decisions:
   1. `gen_ai.input.messages` + `gen_ai.output.messages` (the current conventions) on the span,
      or on one of its events (content captured "on event attributes"); the value is a JSON string
      (`stringValue`) or the structured arrayValue / kvlistValue — both are read.
-     `gen_ai.system_instructions` (a list of parts) is a system message before the input.
+     `gen_ai.system_instructions` (a list of parts, or plain text) is a system message before the
+     input (joined with a system message the input starts with: one system message, chat.py).
   2. The flattened form older instrumentations write (OpenLLMetry): `gen_ai.prompt.{i}.role` /
      `.content` / `.tool_calls.{j}.id|name|arguments` / `.tool_call_id`, and
      `gen_ai.completion.{i}.*` likewise.
@@ -57,7 +58,7 @@ from collections import Counter
 from typing import Iterator
 
 from . import chat
-from .common import Dropped, Malformed, Options, Rejected, Source, as_dict, as_list, as_str, join_text, kind, loads, objects
+from .common import Dropped, Malformed, Options, Rejected, Source, as_dict, as_list, as_str, join_text, loads, objects
 
 FORMAT = "otel-genai"
 MODEL_CALLS = ("chat", "text_completion", "generate_content")
@@ -250,7 +251,11 @@ def _semconv_messages(attrs: dict, where: str, dropped: Counter) -> list[dict] |
         return None
     history = []
     if attrs.get("gen_ai.system_instructions") is not None:
-        parts = _json_value(attrs["gen_ai.system_instructions"], f"{where}.gen_ai.system_instructions")
+        raw = attrs["gen_ai.system_instructions"]
+        try:
+            parts = _json_value(raw, f"{where}.gen_ai.system_instructions")
+        except Malformed:  # some SDKs write the instructions as plain text
+            parts = raw
         if isinstance(parts, str):
             parts = [{"type": "text", "content": parts}]
         history += parts_message({"role": "system", "parts": parts}, f"{where}.gen_ai.system_instructions", dropped)
