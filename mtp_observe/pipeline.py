@@ -325,6 +325,10 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
     observer = observer or Observer()
     opts = ReplayOptions(**{**opts.__dict__, "profiles": tuple(opts.profiles) or BUILTIN_PROFILES})
     _check_options(opts)
+    import os
+
+    if any(str(f) == "-" for f in files) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise OptionError("- (standard input) reaches only one of torchrun's processes; give the sessions as a file")
     files = resolve_inputs(files)  # directories expanded, "-" (standard input) copied once, missing paths refused
     device = resolve_device(opts.device)
     ranks = ranks_from_env(device)
