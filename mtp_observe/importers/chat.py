@@ -44,6 +44,7 @@ Its sampling is the latest request's (`original.sampling_varies` when they diffe
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -372,14 +373,12 @@ def request(body: dict, response, label: str, number: int | None, where: str = "
 
 def to_session(conv: Conversation, fmt: str, source, sid: str, options=None, extra_original: dict | None = None) -> dict:
     """The canonical session of a (folded) conversation; --tools fills tools the log lacks."""
-    from .common import load_tools_file
-
     history, orphans = drop_orphan_results(conv.messages)
     history, merged = merge_leading_system(history)
     supplied: dict = {}
     tools_ = conv.tools
     if not tools_ and options is not None and options.tools is not None:
-        tools_ = load_tools_file(options.tools)
+        tools_ = supplied_tools(options.tools)
         supplied["tools"] = options.tools
     has_calls = any(m.get("tool_calls") for m in history if m["role"] == "assistant")
     missing = set(conv.missing) | ({"tools"} if (has_calls or conv.dropped["server_tools"]) and not tools_ else set())
@@ -391,6 +390,28 @@ def to_session(conv: Conversation, fmt: str, source, sid: str, options=None, ext
     return session(sid, history, tools_ or None, meta(
         fmt, source, conv.label, original=original, missing=missing, supplied=supplied,
         dropped={**conv.dropped, "orphan_tool_results": orphans, "merged_system_messages": merged}, sampling=conv.sampling))
+
+
+def supplied_tools(path) -> list[dict]:
+    """--tools, read once per file (and version of it) however many sessions need it."""
+    from pathlib import Path
+
+    from .common import load_tools_file
+
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return load_tools_file(Path(path))  # its one-line error
+    return list(_tools_file(str(path), st.st_mtime_ns, st.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _tools_file(path: str, mtime_ns: int, size: int) -> tuple:
+    from pathlib import Path
+
+    from .common import load_tools_file
+
+    return tuple(load_tools_file(Path(path)))
 
 
 def merge_leading_system(history: list[dict]) -> tuple[list[dict], int]:

@@ -29,7 +29,7 @@ Mapping decisions:
 - Truncation: `--max-log-len N` cuts the prompt text, both id lists and the body. It is known
   from the startup line holding `max_log_len` (vLLM's "non-default args" or the args Namespace),
   or from a `JSON body` line that no longer parses (cut at N characters), or from a prompt text
-  exactly as long as its id list (both cut at N). A request with an id list of length N is then
+  exactly as long as its id list (both cut at N; 16 or more, so a tiny prompt is not taken for one). A request with an id list of length N is then
   refused: its ids are not the whole request.
 - Sampling: the `SamplingParams(...)` repr (Python, not JSON) is split at its top-level commas
   and only the sampling fields — temperature, top_p, top_k, min_p, presence_penalty,
