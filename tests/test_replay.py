@@ -21,7 +21,6 @@ from mtp_observe.tables import REQUESTS_SCHEMA, positions_schema
 from mtp_observe.target import BUILTIN_PROFILES, SamplingProfile, reduce_logits, sampler_probability
 
 from .reference_head import ReferenceHead
-from .test_mtp_head import _WEIGHTS
 
 SESSION = {
     "id": "demo",
@@ -61,7 +60,7 @@ def test_every_row_equals_a_plain_recomputation_from_scratch(tiny_checkpoint, ti
     rows = pd.read_parquet(run / "positions.parquet")
     requests = pd.read_parquet(run / "requests.parquet")
     head = tiny_model.head
-    ref = ReferenceHead({k: getattr(head, v) for k, v in _WEIGHTS.items()}, head.geometry, head.embed_tokens, head.lm_head)
+    ref = ReferenceHead(head.named_weights(), head.geometry, head.embed_tokens, head.lm_head)
     checked = 0
     for _, req in requests.iterrows():
         ids = torch.tensor(list(req.input_ids))
