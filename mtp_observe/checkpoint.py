@@ -653,7 +653,7 @@ def _quantization(config: dict, text_config: dict, path: Path) -> Quantization |
     if method != "fp8":
         algo = q.get("quant_algo") or q.get("format") or ""
         name = KNOWN_METHODS.get(str(method).lower(), None) if isinstance(method, str) else None
-        label = f"{method!r}" + (f" ({name})" if name and name.lower() != str(method).lower() else "") + \
+        label = f"{method!r}" + (f" ({name})" if name and name != method else "") + \
             (f", {algo}" if isinstance(algo, str) and algo else "")
         raise CheckpointError(
             f"{where}: quantization method {label} is not supported; only block-FP8 (quant_method 'fp8' with "

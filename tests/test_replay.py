@@ -317,13 +317,15 @@ def test_bad_options_are_one_line_and_exit_2(tiny_checkpoint, tmp_path, args, ne
 # --- memory -----------------------------------------------------------------------------------
 
 
-def test_replaying_a_32k_token_session_with_the_real_vocabulary_stays_under_6_gb(make_checkpoint, tmp_path):
+@pytest.mark.parametrize("family", [{}, {"family": "qwen3_5_moe", "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32}],
+                         ids=["dense", "moe"])
+def test_replaying_a_32k_token_session_with_the_real_vocabulary_stays_under_6_gb(make_checkpoint, tmp_path, family):
     import psutil
 
     # The real vocabulary; everything else as small as the architecture allows (one linear, one full layer).
     model = make_checkpoint(vocab_size=248_320, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                             num_attention_heads=1, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1,
-                            linear_num_value_heads=1, linear_key_head_dim=16, linear_value_head_dim=16, shards=1)
+                            linear_num_value_heads=1, linear_key_head_dim=16, linear_value_head_dim=16, shards=1, **family)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 248_320, (32_768,), generator=gen).tolist()
     path = write_sessions(tmp_path / "long.jsonl", [{"id": "long", "prompt_token_ids": ids[:24_576], "completion_token_ids": ids[24_576:]}])
