@@ -615,6 +615,9 @@ def _geometry(family: Family, text_config: dict, where: Path) -> HeadGeometry:
         d = H // nh
     vocab = cfg.int("vocab_size", 1, MAX_VOCAB)
     eps = cfg.number("rms_norm_eps", default=1e-6, below=1.0)
+    act = text_config.get("hidden_act", "silu")
+    if act != "silu":  # the head's MLP and experts are SwiGLU, as every Qwen3.5-family checkpoint
+        raise cfg.fail("hidden_act", f"is {act!r:.40}; the Qwen3.5 family (and its MTP head) uses silu")
     theta, rotary_dim, scaling = _rope(cfg, d)
     _check_layers(cfg)
     moe = _moe(cfg) if _head_is_moe(family, cfg) else None
@@ -747,7 +750,7 @@ def read_checkpoint(model_dir: str | Path) -> CheckpointInfo:
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         shown = model_type if isinstance(model_type, str) or model_type is None else f"{model_type!r:.40}"
         raise CheckpointError(
-            f"{path}: unsupported model_type {shown!r}; supported: {', '.join(FAMILIES)}"
+            f"{where}: unsupported model_type {shown!r}; supported: {', '.join(FAMILIES)}"
         )
     family = FAMILIES[model_type]
     layout = family.layout

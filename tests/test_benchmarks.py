@@ -34,3 +34,17 @@ def test_the_sessions_benchmark_streams_a_generated_file_through_the_cli(tmp_pat
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "peak RSS" in proc.stdout and "sessions" in proc.stdout
     assert (tmp_path / "big.jsonl").stat().st_size >= 500_000
+
+
+def test_the_fp8_distance_benchmark_compares_an_fp8_copy_with_the_original(make_checkpoint, tmp_path):
+    from .test_replay import SESSION, write_sessions
+
+    model = make_checkpoint(intermediate_size=200)
+    sessions = write_sessions(tmp_path / "s.jsonl", [SESSION])
+    out = tmp_path / "fp8.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fp8_distance.py"), str(sessions), "--model", str(model),
+                           "--k", "2", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["rows"] > 100 and 0 < result["target_tokens_equal"] <= 1 and 0 < result["drafts_equal"] <= 1
+    assert result["max_abs_d_target_logprob"] > 0  # FP8 is lossy: the copy is not the original
