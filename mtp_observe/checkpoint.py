@@ -220,6 +220,7 @@ class CheckpointInfo:
     tensors: dict[str, TensorEntry]  # every tensor of every shard, from the headers
     family: Family | None = None
     expert_layout: str | None = None  # "fused" | "per_expert" for a MoE head, None for a dense one
+    routing: SparseMoe | None = None  # the target's MoE numbers (its MoE layers'), None for a dense target
     quantization: Quantization | None = None
 
     @property
@@ -779,6 +780,10 @@ def read_checkpoint(model_dir: str | Path) -> CheckpointInfo:
         )
     quantization = _quantization(config, text_config if layout == "vlm" else {}, path)
 
+    routing = geometry.moe
+    if routing is None and family.head_mlp == "by_sparse_step" and text_config.get("num_experts"):
+        routing = _moe(_Config(text_config, where))  # a dense MTP layer over a MoE target
+
     # 3. Every tensor, from the headers.
     files, weight_map = _shard_files(path)
     tensors: dict[str, TensorEntry] = {}
@@ -822,8 +827,13 @@ def read_checkpoint(model_dir: str | Path) -> CheckpointInfo:
     info = CheckpointInfo(
         path=path, config=config, text_config=dict(text_config), model_type=model_type, layout=layout,
         tie_word_embeddings=tie, geometry=geometry, tensors=tensors, family=family, expert_layout=expert_layout,
-        quantization=quantization,
+        quantization=quantization, routing=routing,
     )
+    if routing is None:
+        routed = next((n for n in info.target_names if ".mlp.experts." in n), None)
+        if routed is not None:
+            raise CheckpointError(f"{path}: target tensor {routed} is a routed expert but config.json describes a dense "
+                                  f"{model_type!r} model; config and weights do not match")
     H, V = geometry.hidden_size, geometry.vocab_size
     for name, what in ((info.embed_name, "embedding"), (info.lm_head_name, "lm_head")):
         if name not in tensors:

@@ -135,7 +135,6 @@ class Inventory:
 
 def take_inventory(info: CheckpointInfo) -> Inventory:
     g = info.geometry
-    tc = info.text_config
     readings = {
         "hidden_size": g.hidden_size,
         "num_attention_heads": g.num_heads,
@@ -150,9 +149,7 @@ def take_inventory(info: CheckpointInfo) -> Inventory:
         "rope_type": g.rope.rope_type,
         "mlp": g.mlp,
     }
-    routing = None
-    if any(is_routed(n) for n in info.target_names + info.head_names):
-        routing = (int(tc["num_experts"]), int(tc["num_experts_per_tok"]))
+    routing = (info.routing.num_experts, info.routing.experts_per_token) if info.routing is not None else None
     if g.moe is not None:
         readings |= {
             "num_experts": g.moe.num_experts, "num_experts_per_tok": g.moe.experts_per_token,

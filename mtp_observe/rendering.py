@@ -139,9 +139,6 @@ class Renderer:
             hf_logging.set_verbosity(verbosity)
         if not getattr(tokenizer, "is_fast", False):
             raise CheckpointError(f"{path}: needs a fast tokenizer (tokenizer.json) for character offsets")
-        if vocab_size is not None and len(tokenizer) > vocab_size:
-            raise CheckpointError(f"{path / 'tokenizer.json'}: the tokenizer has {len(tokenizer):,} tokens but the model's "
-                                  f"vocabulary (vocab_size) is {vocab_size:,}; tokenizer and weights do not belong together")
         eos: set[int] = set()
         if tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
@@ -231,6 +228,10 @@ class Renderer:
                     if self._encode(cur_text, 0).ids != cur.ids:
                         raise _Exactness()
                     self._self_checked = True
+                if self.vocab_size is not None and cur.ids and max(cur.ids) >= self.vocab_size:
+                    raise self._error(session, f"request {len(requests)} renders token id {max(cur.ids)} >= the model's "
+                                               f"vocabulary ({self.vocab_size}): the checkpoint's tokenizer "
+                                               f"({len(self.tokenizer)} tokens) and weights do not belong together")
                 requests.append(Request(len(requests), list(cur.ids), tuple(spans)))
 
         for i in session.assistant_turns:

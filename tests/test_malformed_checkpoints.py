@@ -118,11 +118,12 @@ def duplicate_into_head_shard(d: Path):
     save_file(head, str(d / HEAD_SHARD), metadata={"format": "pt"})
 
 
-def grow_tokenizer(d: Path):
+def grow_tokenizer(d: Path, words=("order status", "has shipped")):
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(d / "tokenizer.json"))
-    tok.add_tokens([f"<extra_{i}>" for i in range(40)])  # 990 + 6 markup + 40 > vocab_size 1001
+    # 990 tokens (markup included), 11 more, then words the session uses: ids 1001.. >= vocab_size 1001
+    tok.add_tokens([f"<extra_{i}>" for i in range(11)] + list(words))
     tok.save(str(d / "tokenizer.json"))
 
 
@@ -191,6 +192,9 @@ KINDS: dict[str, Kind] = {
     "integer norm": Kind(header(HEAD_SHARD, entry("mtp.norm.weight", dtype="I32")), (HEAD_SHARD, "mtp.norm.weight", "stored as I32")),
     "boolean attention weight": Kind(tensors(HEAD_SHARD, lambda t: t.__setitem__("mtp.layers.0.self_attn.v_proj.weight", t["mtp.layers.0.self_attn.v_proj.weight"] > 0)),
                                      (HEAD_SHARD, "v_proj.weight", "stored as BOOL")),
+    "routed experts in a dense model": Kind(tensors(FIRST_SHARD, lambda t: t.__setitem__(
+        "model.language_model.layers.0.mlp.experts.gate_up_proj", t["model.language_model.layers.0.mlp.gate_proj.weight"][None].clone())),
+        ("experts.gate_up_proj", "routed expert", "dense")),
     "tensor in two shards": Kind(duplicate_into_head_shard, ("lm_head.weight", "also in")),
     # the index
     "index names a missing shard": Kind(remove(FIRST_SHARD), (FIRST_SHARD, "missing")),
@@ -207,7 +211,8 @@ KINDS: dict[str, Kind] = {
     "tokenizer.json not JSON": Kind(write("tokenizer.json", "{"), ("tokenizer", "cannot load"), TOKENIZER),
     "tokenizer.json missing": Kind(remove("tokenizer.json"), ("tokenizer.json", "missing"), TOKENIZER),
     "tokenizer_config not JSON": Kind(write("tokenizer_config.json", "{"), ("tokenizer_config.json", "not readable as JSON"), TOKENIZER),
-    "tokenizer larger than the vocabulary": Kind(grow_tokenizer, ("tokenizer.json", "tokens but the model's vocabulary (vocab_size) is 1,001"), TOKENIZER),
+    "tokenizer renders ids past the vocabulary": Kind(grow_tokenizer, ("s.jsonl", ">= the model's vocabulary (1001)", "do not belong together"), TOKENIZER),
+    "tokenizer larger than the vocabulary, ids in range": Kind(lambda d: grow_tokenizer(d, words=()), ("",), fails=()),
     "template raises with a message": Kind(template("{{ raise_exception('templates are off today') }}"), ("s.jsonl", "templates are off today"), TOKENIZER),
     "template raises without a message": Kind(template("{{ raise_exception('') }}"), ("s.jsonl", "cannot render", "no message"), TOKENIZER),
     "template does not parse": Kind(template("{% if %}"), ("s.jsonl", "cannot render"), TOKENIZER),
