@@ -40,7 +40,6 @@ check fails, rendering falls back to encoding every text whole.
 from __future__ import annotations
 
 import bisect
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +51,7 @@ def _reason(e: BaseException) -> str:
     """The first line of an exception's message (a template's raise_exception may carry none), or its type."""
     lines = str(e).strip().splitlines()
     return lines[0][:200] if lines else f"{type(e).__name__} with no message"
+
 
 SEGMENTS = ("reasoning", "text", "tool_call", "end")  # codes 0..3, the order tables.SEGMENTS uses
 REASONING, TEXT, TOOL_CALL, END = range(4)

@@ -224,8 +224,6 @@ def save_checkpoint(
     vision model) for the VLM layout. expert_layout "per_expert" splits the target's and the head's experts;
     fp8_scale_dtype (torch.float32 or torch.bfloat16) writes a block-FP8 checkpoint.
     """
-    from safetensors.torch import save_file
-
     assert layout in FAMILY_CONFIG[family], (family, layout)
     assert expert_layout in ("fused", "per_expert"), expert_layout
     assert (lm_head is None) == tie_word_embeddings, "an untied checkpoint stores lm_head.weight; a tied one does not"

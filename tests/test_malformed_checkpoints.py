@@ -13,7 +13,7 @@ import json
 import math
 import shutil
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
