@@ -86,7 +86,7 @@ def flops(model, sessions, k: int) -> tuple[float, float]:
     g = model.head.geometry
     H, V = g.hidden_size, g.vocab_size
     trunk = sum(p.numel() for n, p in model.target.model.named_parameters() if "embed_tokens" not in n)
-    head = sum(getattr(model.head, n).numel() for n in ("fc", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+    head = sum(t.numel() for t in model.head.named_weights().values() if t.dim() >= 2)  # a dense head's matrices
     full_layers = sum(t == "full_attention" for t in cfg.layer_types)
 
     def attention(queries: float, keys: float, heads: int, d: int) -> float:

@@ -2,46 +2,120 @@
 
 Contract: given a directory, `read_checkpoint` returns a `CheckpointInfo` built from
 config.json and the safetensors *headers* only (no tensor data is read), validated far
-enough that every later stage can trust it: a supported `model_type`, an MTP head whose
-every tensor is present with the shape the config implies, and the borrowed embedding and
-lm_head located. `load_head_tensors` then reads the `mtp.*` tensors from only the shards
-that hold them, and `load_target` builds the target through transformers' own Qwen3.5
-classes. Nothing here runs a model.
+enough that every later stage can trust it: a supported family, config values of the right
+type and range, well-formed safetensors headers, an MTP head whose every tensor is present
+with the shape the config implies, the borrowed embedding and lm_head located, and every
+weight stored in a dtype this tool reads faithfully (float, or block-FP8 with its scales).
+`load_head_tensors` then reads the `mtp.*` tensors from only the shards that hold them, in
+the one in-memory form the head runs, and `load_target` builds the target through
+transformers' own class for the family. Nothing here runs a model. Anything wrong is one
+line naming the file and what is wrong (errors.CheckpointError, exit 2).
 
-Two layouts exist (MTP_HEAD.md): released checkpoints are vision-language wrappers
-(`model_type` "qwen3_5", text weights under `model.language_model.*`, vision under
-`model.visual.*`); text-only configs ("qwen3_5_text") keep text weights under `model.*`.
-Both put `lm_head.weight` and `mtp.*` at the top level, single-file or sharded
-(`model.safetensors.index.json`).
+Families are data (`FAMILIES`): which layout, which transformers class, whether the head's
+MLP is dense or a sparse MoE block, which config key holds the head's depth.
+
+  qwen3_5           dense, vision-language wrapper: text under `model.language_model.*`,
+                    vision under `model.visual.*`, config in `text_config`
+  qwen3_5_text      dense, text-only: `model.*`
+  qwen3_5_moe       MoE (35B-A3B, 122B-A10B, 397B-A17B), VLM wrapper, text_config
+                    `qwen3_5_moe_text`; no dense `intermediate_size`
+  qwen3_5_moe_text  MoE, text-only
+  qwen3_next        Qwen3-Next (80B-A3B): text-only, untied lm_head, head depth
+                    `num_nextn_predict_layers`; its MTP layer is MoE exactly when vLLM's
+                    Qwen3NextDecoderLayer says so for layer index 0 (`0 not in
+                    mlp_only_layers and num_experts > 0 and 1 % decoder_sparse_step == 0`;
+                    vLLM `qwen3_next_mtp.py` builds it with prefix `mtp.layers.0`)
+
+All put `lm_head.weight` (absent when tied) and `mtp.*` at the top level, single-file or
+sharded (`model.safetensors.index.json`).
+
+Routed experts come in two layouts (MTP_HEAD.md): fused, `mlp.experts.gate_up_proj`
+[E, 2·I, H] (rows [0:I] gate, [I:] up: vLLM `qwen3_5_mtp.py` chunks it in two along dim -2
+into w1 = gate and w3 = up) and `mlp.experts.down_proj` [E, H, I], both without `.weight`;
+and per expert, `mlp.experts.{e}.{gate,up,down}_proj.weight`. `load_head_tensors` maps both
+to the fused form, written expert by expert into one preallocated tensor (no second copy).
+The target's experts are transformers' business: its conversion mapping (`qwen2_moe`:
+MergeModulelist + Concatenate) fuses per-expert checkpoints into the same form on load.
+
+Quantisation: only block-FP8 (`quantization_config.quant_method == "fp8"` with
+`weight_block_size`, `fmt` e4m3) is read, and it is dequantised here, as vLLM's
+`Fp8LinearMethod` reads the scales: the serving value of a weight is `q * weight_scale_inv`
+per `weight_block_size` block, the scale grid [ceil(rows / br), ceil(cols / bc)] over the
+last two dims, the last block of a dimension that is not a multiple of the block size
+partial. The quantization_config is read from the top level (where VLM wrappers keep it)
+and from text_config. transformers' own fine-grained FP8 path is not used: on a CPU it
+dequantises with the block size derived from the scale grid (`Fp8Dequantize`:
+rows // scale_rows), which is wrong for a dimension over 128 that is not a multiple of 128,
+and on a GPU it would run W8A8 kernels this tool cannot check without one. So the target is
+loaded from a state dict whose FP8 tensors are dequantised with `weight_block_size`
+(`run.json`'s `model.numerics` says so). Every other method (GPTQ, AWQ, compressed-tensors,
+NVFP4 / modelopt, bitsandbytes, ...) and every packed dtype (U8, I8, I32, ...) in a weight
+the tool reads is refused by name, never cast.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import CheckpointError
 
-# model_type -> layout. The MoE variants (qwen3_5_moe, qwen3_next) put a sparse MoE block in
-# the head's MLP; they are recognised so the error can say so, but not run yet.
-SUPPORTED_MODEL_TYPES = {"qwen3_5": "vlm", "qwen3_5_text": "text"}
-RECOGNISED_UNSUPPORTED = {
-    "qwen3_5_moe": "its MTP head has a sparse MoE block",
-    "qwen3_5_moe_text": "its MTP head has a sparse MoE block",
-    "qwen3_next": "its MTP head has a sparse MoE block",
-}
 TEXT_PREFIX = {"vlm": "model.language_model.", "text": "model."}
 VISION_PREFIX = "model.visual."
 HEAD_PREFIX = "mtp."
+SCALE_SUFFIX = "_scale_inv"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One member of the Qwen3.5 family, as data: nothing here is code that runs the head."""
+
+    model_type: str  # config.json's top-level model_type
+    layout: str  # "vlm" (text under model.language_model.*) | "text" (model.*)
+    text_model_type: str  # the language model's model_type
+    causal_lm: str  # the transformers class that runs the target
+    head_mlp: str  # "dense" | "moe" | "by_sparse_step" (Qwen3-Next: decoder_sparse_step / mlp_only_layers)
+    depth_key: str  # config key of the head's depth (1 in every released checkpoint)
+
+
+FAMILIES = {f.model_type: f for f in (
+    Family("qwen3_5", "vlm", "qwen3_5_text", "Qwen3_5ForCausalLM", "dense", "mtp_num_hidden_layers"),
+    Family("qwen3_5_text", "text", "qwen3_5_text", "Qwen3_5ForCausalLM", "dense", "mtp_num_hidden_layers"),
+    Family("qwen3_5_moe", "vlm", "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", "moe", "mtp_num_hidden_layers"),
+    Family("qwen3_5_moe_text", "text", "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", "moe", "mtp_num_hidden_layers"),
+    Family("qwen3_next", "text", "qwen3_next", "Qwen3NextForCausalLM", "by_sparse_step", "num_nextn_predict_layers"),
+)}
+SUPPORTED_MODEL_TYPES = {t: f.layout for t, f in FAMILIES.items()}
 
 # safetensors dtype tag -> bytes per element
 DTYPE_BYTES = {
     "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
-    "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+    "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
 }
+FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
+SCALE_DTYPES = {"F32", "BF16"}
+FP8_DTYPE = "F8_E4M3"
+# Methods refused by name; anything else but "fp8" is refused too, with its own name.
+KNOWN_METHODS = {
+    "gptq": "GPTQ", "awq": "AWQ", "compressed-tensors": "compressed-tensors", "modelopt": "NVIDIA ModelOpt",
+    "bitsandbytes": "bitsandbytes", "fbgemm_fp8": "FBGEMM FP8", "mxfp4": "MXFP4", "nvfp4": "NVFP4", "torchao": "torchao",
+    "hqq": "HQQ", "quark": "Quark", "eetq": "EETQ", "aqlm": "AQLM", "gguf": "GGUF", "auto-round": "AutoRound",
+}
+
+# Bounds that no released or plausible checkpoint comes near; beyond them a value is a typo.
+MAX_HIDDEN = 1 << 17
+MAX_HEADS = 1 << 12
+MAX_HEAD_DIM = 1 << 12
+MAX_INTERMEDIATE = 1 << 20
+MAX_VOCAB = 1 << 23
+MAX_EXPERTS = 1 << 14
+MAX_LAYERS = 1 << 12
+MAX_POSITIONS = 1 << 30
+MAX_HEADER = 100_000_000
 
 
 @dataclass(frozen=True)
@@ -61,19 +135,77 @@ class TensorEntry:
 
 
 @dataclass(frozen=True)
+class SparseMoe:
+    """The numbers of a sparse MoE block (router, E routed experts, one gated shared expert)."""
+
+    num_experts: int  # E
+    experts_per_token: int  # k (num_experts_per_tok)
+    moe_intermediate_size: int  # I_moe, one routed expert
+    shared_intermediate_size: int  # I_sh, the shared expert
+    norm_topk_prob: bool  # renormalise the top-k probabilities to sum to 1
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """The target's rope_parameters beyond theta and the partial rotary factor (the head applies the same)."""
+
+    rope_type: str = "default"  # "default" | "linear" | "yarn"
+    factor: float | None = None  # linear, yarn (None: max_position_embeddings / original, as transformers)
+    original_max_position_embeddings: int | None = None  # yarn
+    max_position_embeddings: int | None = None
+    attention_factor: float | None = None  # yarn: None derives it from factor (and mscale / mscale_all_dim)
+    beta_fast: float | None = None  # yarn, default 32
+    beta_slow: float | None = None  # yarn, default 1
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+
+ROPE_TYPES = ("default", "linear", "yarn")
+
+
+@dataclass(frozen=True)
 class HeadGeometry:
-    """The numbers that fix every head tensor's shape, read from the text config."""
+    """The numbers that fix every head tensor's shape, read from the text config.
+
+    The MLP is either dense (intermediate_size) or a sparse MoE block (moe); exactly one is set.
+    """
 
     hidden_size: int  # H
     num_heads: int  # nh
     num_kv_heads: int  # nkv
     head_dim: int  # d
-    intermediate_size: int  # I
+    intermediate_size: int | None  # I of a dense MLP; None when the head's MLP is MoE
     vocab_size: int
     rms_norm_eps: float
     rope_theta: float
     rotary_dim: int  # the first rotary_dim of d are rotated (partial_rotary_factor * d)
     num_layers: int  # mtp_num_hidden_layers (1 in released checkpoints)
+    moe: SparseMoe | None = None
+    rope: RopeScaling = field(default_factory=RopeScaling)
+
+    def __post_init__(self):
+        assert (self.intermediate_size is None) != (self.moe is None), "a head MLP is dense or MoE, not both"
+
+    @property
+    def mlp(self) -> str:
+        return "moe" if self.moe is not None else "dense"
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """A block-FP8 quantization_config (the only method this tool reads)."""
+
+    method: str  # "fp8"
+    fmt: str  # "e4m3"
+    block: tuple[int, int]  # weight_block_size [rows, cols]
+    activation_scheme: str  # "dynamic" (activations are not quantised here: weights are dequantised)
+    modules_to_not_convert: tuple[str, ...]
+
+    def keeps(self, module: str) -> bool:
+        """Whether modules_to_not_convert names this module (a dotted sub-path of it, as transformers matches)."""
+        dotted = "." + module + "."
+        return any(("." + m.strip(".") + ".") in dotted for m in self.modules_to_not_convert if m)
 
 
 @dataclass(frozen=True)
@@ -86,6 +218,10 @@ class CheckpointInfo:
     tie_word_embeddings: bool
     geometry: HeadGeometry
     tensors: dict[str, TensorEntry]  # every tensor of every shard, from the headers
+    family: Family | None = None
+    expert_layout: str | None = None  # "fused" | "per_expert" for a MoE head, None for a dense one
+    routing: SparseMoe | None = None  # the target's MoE numbers (its MoE layers'), None for a dense target
+    quantization: Quantization | None = None
 
     @property
     def text_prefix(self) -> str:
@@ -115,10 +251,46 @@ class CheckpointInfo:
     def config_sha256(self) -> str:
         return hashlib.sha256((self.path / "config.json").read_bytes()).hexdigest()
 
+    def scale_of(self, name: str) -> str | None:
+        """The block-scale tensor of an FP8 weight, or None."""
+        scale = name + SCALE_SUFFIX
+        return scale if scale in self.tensors else None
 
-def expected_head_shapes(g: HeadGeometry) -> dict[str, tuple[int, ...]]:
-    """The dense head's 15 tensors and their shapes (MTP_HEAD.md's table)."""
-    H, nh, nkv, d, inter = g.hidden_size, g.num_heads, g.num_kv_heads, g.head_dim, g.intermediate_size
+    def numerics(self, dtype) -> str:
+        """What the run computes with, in words (recorded in run.json and probe.json)."""
+        dtype = str(dtype).removeprefix("torch.")
+        if self.quantization is not None:
+            br, bc = self.quantization.block
+            return f"fp8 {self.quantization.fmt} weights ({br}x{bc} blocks, q * weight_scale_inv) dequantised to {dtype}"
+        stored = sorted({self.tensors[n].dtype for n in self.target_names + self.head_names})
+        return f"{'/'.join(stored)} weights computed in {dtype}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The head's tensors and their shapes
+
+
+def routed_expert_shapes(g: HeadGeometry, prefix: str, layout: str) -> dict[str, tuple[int, ...]]:
+    """The routed experts of one MoE block under `prefix` ("mtp.layers.0.mlp."), as stored in `layout`."""
+    H, m = g.hidden_size, g.moe
+    E, inter = m.num_experts, m.moe_intermediate_size
+    if layout == "fused":  # no .weight suffix (transformers' Qwen3_5MoeExperts parameters)
+        return {prefix + "experts.gate_up_proj": (E, 2 * inter, H), prefix + "experts.down_proj": (E, H, inter)}
+    shapes = {}
+    for e in range(E):
+        shapes |= {
+            prefix + f"experts.{e}.gate_proj.weight": (inter, H),
+            prefix + f"experts.{e}.up_proj.weight": (inter, H),
+            prefix + f"experts.{e}.down_proj.weight": (H, inter),
+        }
+    return shapes
+
+
+def expected_head_shapes(g: HeadGeometry, expert_layout: str = "fused") -> dict[str, tuple[int, ...]]:
+    """The head's tensors and their shapes (MTP_HEAD.md's tables): 15 for a dense head; for a MoE head
+    the router, the routed experts in `expert_layout` (the fused form is the one the head holds), the
+    shared expert and its gate."""
+    H, nh, nkv, d = g.hidden_size, g.num_heads, g.num_kv_heads, g.head_dim
     shapes = {
         "mtp.pre_fc_norm_embedding.weight": (H,),
         "mtp.pre_fc_norm_hidden.weight": (H,),
@@ -136,29 +308,113 @@ def expected_head_shapes(g: HeadGeometry) -> dict[str, tuple[int, ...]]:
             p + "self_attn.o_proj.weight": (H, nh * d),
             p + "self_attn.q_norm.weight": (d,),
             p + "self_attn.k_norm.weight": (d,),
-            p + "mlp.gate_proj.weight": (inter, H),
-            p + "mlp.up_proj.weight": (inter, H),
-            p + "mlp.down_proj.weight": (H, inter),
         }
+        if g.moe is None:
+            inter = g.intermediate_size
+            shapes |= {
+                p + "mlp.gate_proj.weight": (inter, H),
+                p + "mlp.up_proj.weight": (inter, H),
+                p + "mlp.down_proj.weight": (H, inter),
+            }
+        else:
+            sh = g.moe.shared_intermediate_size
+            shapes[p + "mlp.gate.weight"] = (g.moe.num_experts, H)  # the router
+            shapes |= routed_expert_shapes(g, p + "mlp.", expert_layout)
+            shapes |= {
+                p + "mlp.shared_expert.gate_proj.weight": (sh, H),
+                p + "mlp.shared_expert.up_proj.weight": (sh, H),
+                p + "mlp.shared_expert.down_proj.weight": (H, sh),
+                p + "mlp.shared_expert_gate.weight": (1, H),
+            }
     return shapes
 
 
-def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
-    """name -> (dtype, shape, nbytes), from the JSON header alone (8-byte length + JSON)."""
+# ---------------------------------------------------------------------------------------------
+# Reading files
+
+
+def _reason(e: BaseException) -> str:
+    """The first line of an exception's message, or its type when the message is empty."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
+
+
+def read_json_file(path: Path, what: str) -> dict:
+    """A JSON object from a file, or one line saying why not."""
     try:
+        value = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise CheckpointError(f"{path}: not readable as JSON ({_reason(e)}); restore {what}")
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, found {type(value).__name__}; restore {what}")
+    return value
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
+    """name -> (dtype, shape, nbytes), from the JSON header alone (8-byte length + JSON), validated as
+    safetensors validates it: known dtypes, non-negative integer shapes, data offsets that tile the data
+    region exactly (a shard cut short or padded is refused here, before any tensor is read)."""
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{path}: {what}; re-download or re-save this shard")
+
+    try:
+        size = path.stat().st_size
         with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            if length > 100_000_000:
-                raise ValueError("header too long")
-            header = json.loads(f.read(length))
-    except (OSError, ValueError, struct.error) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({e}); re-download or re-save this shard")
-    out = {}
+            raw = f.read(8)
+            if len(raw) < 8:
+                raise bad(f"not a safetensors file ({size} bytes, shorter than the 8-byte header length)")
+            (length,) = struct.unpack("<Q", raw)
+            if length > MAX_HEADER:
+                raise bad(f"header length {length:,} bytes is absurd (at most {MAX_HEADER:,})")
+            if 8 + length > size:
+                raise bad(f"header length {length:,} bytes runs past the end of the {size:,}-byte file")
+            text = f.read(length)
+    except OSError as e:
+        raise bad(f"not readable ({_reason(e)})")
+    try:
+        header = json.loads(text.decode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise bad(f"header is not JSON ({_reason(e)})")
+    if not isinstance(header, dict):
+        raise bad(f"header is a JSON {type(header).__name__}, not an object")
+    data_size = size - 8 - length
+    out, spans = {}, []
     for name, meta in header.items():
         if name == "__metadata__":
+            if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+                raise bad("header __metadata__ must map strings to strings")
             continue
-        begin, end = meta["data_offsets"]
-        out[name] = (meta["dtype"], tuple(meta["shape"]), end - begin)
+        if not isinstance(meta, dict):
+            raise bad(f"tensor {name}: header entry is not an object")
+        dtype, shape, offsets = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
+        if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+            raise bad(f"tensor {name}: unknown dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(_is_int(s) and s >= 0 for s in shape):
+            raise bad(f"tensor {name}: shape {shape!r} is not a list of non-negative integers")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) and o >= 0 for o in offsets)):
+            raise bad(f"tensor {name}: data_offsets {offsets!r} are not two non-negative integers")
+        begin, end = offsets
+        numel = math.prod(shape)
+        if end < begin or end - begin != numel * DTYPE_BYTES[dtype]:
+            raise bad(f"tensor {name}: data_offsets [{begin}, {end}] hold {end - begin} bytes, "
+                      f"but {dtype} {shape} needs {numel * DTYPE_BYTES[dtype]}")
+        if end > data_size:
+            raise bad(f"tensor {name}: data_offsets end at byte {end:,} of the data, past its end "
+                      f"({data_size:,} bytes): the file is truncated")
+        out[name] = (dtype, tuple(shape), end - begin)
+        spans.append((begin, end, name))
+    covered = 0
+    for begin, end, name in sorted(spans):
+        if begin != covered:
+            raise bad(f"tensor {name}: data_offsets start at byte {begin:,}, expected {covered:,} "
+                      "(tensors overlap or leave a gap)")
+        covered = end
+    if covered != data_size:
+        raise bad(f"the header's tensors cover {covered:,} bytes of data, the file holds {data_size:,}")
     return out
 
 
@@ -168,118 +424,392 @@ def _read_config(path: Path) -> dict:
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory; pass the checkpoint directory, not a file inside it")
     cfg_path = path / "config.json"
-    if not cfg_path.exists():
+    if not cfg_path.is_file():
         raise CheckpointError(
             f"{path}: no config.json; point at a checkpoint directory (config.json, *.safetensors, tokenizer files)"
         )
-    try:
-        return json.loads(cfg_path.read_text())
-    except ValueError as e:
-        raise CheckpointError(f"{cfg_path}: invalid JSON ({e}); restore the checkpoint's config.json")
+    return read_json_file(cfg_path, "the checkpoint's config.json")
 
 
-def _shard_files(path: Path) -> list[str]:
+def _shard_files(path: Path) -> tuple[list[str], dict[str, str] | None]:
+    """The shard files, and the index's weight map (None without an index)."""
     index = path / "model.safetensors.index.json"
     if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError) as e:
-            raise CheckpointError(f"{index}: unreadable index ({e}); restore model.safetensors.index.json")
+        data = read_json_file(index, "model.safetensors.index.json")
+        weight_map = data.get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index}: no weight_map object; restore model.safetensors.index.json")
+        for name, f in weight_map.items():
+            if not isinstance(f, str) or not f or "/" in f or "\\" in f or f in (".", ".."):
+                raise CheckpointError(f"{index}: weight_map[{name!r}] is {f!r}, not a shard file name in this directory")
         files = sorted(set(weight_map.values()))
         for f in files:
-            if not (path / f).exists():
+            if not (path / f).is_file():
                 raise CheckpointError(f"{path / f}: shard listed in model.safetensors.index.json is missing; download it")
-        return files
+        return files, weight_map
     if (path / "model.safetensors").exists():
-        return ["model.safetensors"]
+        return ["model.safetensors"], None
     found = sorted(p.name for p in path.glob("*.safetensors"))
     if not found:
         raise CheckpointError(f"{path}: no *.safetensors weights; this tool reads safetensors checkpoints only")
-    return found
+    return found, None
 
 
-def _rope(text_config: dict) -> tuple[float, float]:
-    """(rope_theta, partial_rotary_factor), from rope_parameters (transformers 5) or the older flat keys."""
-    rp = text_config.get("rope_parameters") or text_config.get("rope_scaling") or {}
-    theta = rp.get("rope_theta", text_config.get("rope_theta", 10000.0))
-    factor = rp.get("partial_rotary_factor", text_config.get("partial_rotary_factor", 0.25))
-    return float(theta), float(factor)
+# ---------------------------------------------------------------------------------------------
+# Config values: the right type, in range (one line naming the key otherwise)
 
 
-def _geometry(text_config: dict, where: Path) -> HeadGeometry:
-    try:
-        H = int(text_config["hidden_size"])
-        nh = int(text_config["num_attention_heads"])
-        nkv = int(text_config["num_key_value_heads"])
-        d = int(text_config.get("head_dim") or H // nh)
-        inter = int(text_config["intermediate_size"])
-        vocab = int(text_config["vocab_size"])
-    except KeyError as e:
-        raise CheckpointError(f"{where / 'config.json'}: text config has no {e.args[0]}; restore the checkpoint's config.json")
-    theta, factor = _rope(text_config)
+class _Config:
+    """Typed reads of one config dict, each refusing a wrong value in one line naming the key."""
+
+    def __init__(self, values: dict, where: Path, scope: str = ""):
+        self.values, self.where, self.scope = values, where, scope
+
+    def fail(self, key: str, what: str) -> CheckpointError:
+        return CheckpointError(f"{self.where}: {self.scope}{key} {what}; restore the checkpoint's config.json")
+
+    def int(self, key: str, lo: int = 1, hi: int = MAX_HIDDEN, default=None, required: bool = True):
+        v = self.values.get(key, default)
+        if v is None:
+            if required:
+                raise CheckpointError(f"{self.where}: text config has no {key}; restore the checkpoint's config.json")
+            return None
+        if not _is_int(v):
+            raise self.fail(key, f"is {v!r} ({type(v).__name__}), expected an integer")
+        if not lo <= v <= hi:
+            raise self.fail(key, f"is {v:,}, expected {lo:,}..{hi:,}")
+        return v
+
+    def number(self, key: str, default=None, positive: bool = True, below: float | None = None, required=True):
+        v = self.values.get(key, default)
+        if v is None:
+            if required:
+                raise CheckpointError(f"{self.where}: text config has no {key}; restore the checkpoint's config.json")
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.fail(key, f"is {v!r} ({type(v).__name__}), expected a number")
+        if not math.isfinite(v):
+            raise self.fail(key, f"is {v}, expected a finite number")
+        if positive and v <= 0:
+            raise self.fail(key, f"is {v}, expected a positive number")
+        if below is not None and v >= below:
+            raise self.fail(key, f"is {v}, expected less than {below}")
+        return float(v)
+
+    def bool(self, key: str, default: bool) -> bool:
+        v = self.values.get(key, default)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise self.fail(key, f"is {v!r}, expected true or false")
+        return v
+
+
+def _rope(cfg: _Config, head_dim: int) -> tuple[float, int, RopeScaling]:
+    """(rope_theta, rotary_dim, the scaling), from rope_parameters (transformers 5), the older rope_scaling,
+    and the flat keys, the way transformers' standardize_rope_params merges them."""
+    tc = cfg.values
+    rp = tc.get("rope_parameters")
+    if rp is None:
+        rp = tc.get("rope_scaling")
+    if rp is None:
+        rp = {}
+    if not isinstance(rp, dict):
+        raise cfg.fail("rope_parameters", f"is {type(rp).__name__}, expected an object")
+    if any(isinstance(v, dict) for v in rp.values()):
+        raise cfg.fail("rope_parameters", "are nested per layer type, which the Qwen3.5 family does not use")
+    merged = {"rope_theta": tc.get("rope_theta", 10000.0), "partial_rotary_factor": tc.get("partial_rotary_factor", 0.25)}
+    merged |= {k: v for k, v in rp.items() if v is not None}
+    r = _Config(merged, cfg.where, cfg.scope + "rope_parameters.")
+    theta = r.number("rope_theta")
+    factor = r.number("partial_rotary_factor")
+    if factor > 1:
+        raise r.fail("partial_rotary_factor", f"is {factor}, expected at most 1")
+    rotary_dim = int(head_dim * factor)
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise r.fail("partial_rotary_factor", f"{factor} gives {rotary_dim} rotary dims of head_dim {head_dim}; "
+                                              "expected an even number of at least 2")
+    rope_type = merged.get("rope_type", merged.get("type", "default"))
+    if not isinstance(rope_type, str):
+        raise r.fail("rope_type", f"is {rope_type!r}, expected a string")
+    if rope_type not in ROPE_TYPES:
+        raise CheckpointError(
+            f"{cfg.where}: rope_type {rope_type!r} is not implemented for the MTP head (it implements "
+            f"{', '.join(ROPE_TYPES)}); the head would not see the positions the target sees"
+        )
+    max_pos = _Config(tc, cfg.where, cfg.scope).int("max_position_embeddings", 1, MAX_POSITIONS, required=False)
+    scaling = RopeScaling()
+    if rope_type == "linear":
+        scaling = RopeScaling("linear", factor=r.number("factor"))
+    elif rope_type == "yarn":
+        if "factor" not in rp:
+            raise r.fail("factor", "is missing (yarn needs it)")
+        original = r.int("original_max_position_embeddings", 1, MAX_POSITIONS, default=max_pos)
+        scaling = RopeScaling(
+            "yarn", factor=r.number("factor", required=False), original_max_position_embeddings=original,
+            max_position_embeddings=max_pos, attention_factor=r.number("attention_factor", required=False),
+            beta_fast=r.number("beta_fast", required=False), beta_slow=r.number("beta_slow", required=False),
+            mscale=r.number("mscale", required=False, positive=False),
+            mscale_all_dim=r.number("mscale_all_dim", required=False, positive=False),
+            truncate=r.bool("truncate", True),
+        )
+        if scaling.factor is None and max_pos is None:
+            raise r.fail("factor", "is null and there is no max_position_embeddings to derive it from")
+    return theta, rotary_dim, scaling
+
+
+def _moe(cfg: _Config) -> SparseMoe:
+    E = cfg.int("num_experts", 1, MAX_EXPERTS)
+    k = cfg.int("num_experts_per_tok", 1, MAX_EXPERTS)
+    if k > E:
+        raise cfg.fail("num_experts_per_tok", f"is {k}, more than num_experts ({E})")
+    return SparseMoe(
+        num_experts=E, experts_per_token=k,
+        moe_intermediate_size=cfg.int("moe_intermediate_size", 1, MAX_INTERMEDIATE),
+        shared_intermediate_size=cfg.int("shared_expert_intermediate_size", 1, MAX_INTERMEDIATE),
+        norm_topk_prob=cfg.bool("norm_topk_prob", True),
+    )
+
+
+def _head_is_moe(family: Family, cfg: _Config) -> bool:
+    if family.head_mlp != "by_sparse_step":
+        return family.head_mlp == "moe"
+    # vLLM Qwen3NextDecoderLayer with layer_idx = extract_layer_index("mtp.layers.0") = 0
+    only = cfg.values.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(_is_int(i) for i in only):
+        raise cfg.fail("mlp_only_layers", f"is {only!r}, expected a list of layer indices")
+    step = cfg.int("decoder_sparse_step", 1, MAX_LAYERS, default=1)
+    experts = cfg.values.get("num_experts", 0)
+    return 0 not in only and _is_int(experts) and experts > 0 and 1 % step == 0
+
+
+def _check_layers(cfg: _Config) -> None:
+    """The target's layer pattern, which transformers would otherwise trip over with a traceback."""
+    n = cfg.int("num_hidden_layers", 1, MAX_LAYERS)
+    types = cfg.values.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != n:
+            raise cfg.fail("layer_types", f"must list one type per layer ({n}), found {types!r:.80}")
+        for i, t in enumerate(types):
+            if t not in ("linear_attention", "full_attention"):
+                raise cfg.fail(f"layer_types[{i}]", f"is {t!r}, expected linear_attention or full_attention")
+    else:
+        cfg.int("full_attention_interval", 1, MAX_LAYERS, default=4)
+    for key in ("linear_num_key_heads", "linear_num_value_heads"):
+        cfg.int(key, 1, MAX_HEADS, required=False)
+    for key in ("linear_key_head_dim", "linear_value_head_dim"):
+        cfg.int(key, 1, MAX_HEAD_DIM, required=False)
+    cfg.int("linear_conv_kernel_dim", 1, 64, required=False)
+
+
+def _geometry(family: Family, text_config: dict, where: Path) -> HeadGeometry:
+    cfg = _Config(text_config, where / "config.json", "text_config." if family.layout == "vlm" else "")
+    H = cfg.int("hidden_size", 1, MAX_HIDDEN)
+    nh = cfg.int("num_attention_heads", 1, MAX_HEADS)
+    nkv = cfg.int("num_key_value_heads", 1, MAX_HEADS)
+    if nh % nkv:
+        raise cfg.fail("num_key_value_heads", f"({nkv}) does not divide num_attention_heads ({nh})")
+    d = cfg.int("head_dim", 1, MAX_HEAD_DIM, required=False)
+    if d is None:
+        if H % nh:
+            raise cfg.fail("head_dim", f"is absent and hidden_size ({H}) is not a multiple of num_attention_heads ({nh})")
+        d = H // nh
+    vocab = cfg.int("vocab_size", 1, MAX_VOCAB)
+    eps = cfg.number("rms_norm_eps", default=1e-6, below=1.0)
+    act = text_config.get("hidden_act", "silu")
+    if act != "silu":  # the head's MLP and experts are SwiGLU, as every Qwen3.5-family checkpoint
+        raise cfg.fail("hidden_act", f"is {act!r:.40}; the Qwen3.5 family (and its MTP head) uses silu")
+    theta, rotary_dim, scaling = _rope(cfg, d)
+    _check_layers(cfg)
+    moe = _moe(cfg) if _head_is_moe(family, cfg) else None
+    inter = cfg.int("intermediate_size", 1, MAX_INTERMEDIATE) if moe is None else None
+    if family.head_mlp == "by_sparse_step":  # the target's dense layers, if any, read it
+        cfg.int("intermediate_size", 1, MAX_INTERMEDIATE, required=False)
+    if moe is not None and family.model_type.startswith("qwen3_5_moe") and not moe.norm_topk_prob:
+        raise cfg.fail("norm_topk_prob", "is false, but transformers' Qwen3_5Moe router always renormalises while vLLM "
+                                         "honours the key: the target would not route as it serves")
     # Config keys transformers' config class does not declare: read with a default.
-    layers = int(text_config.get("mtp_num_hidden_layers", text_config.get("num_nextn_predict_layers", 1)))
+    layers = cfg.int(family.depth_key, 0, MAX_LAYERS, default=1)
     return HeadGeometry(
         hidden_size=H, num_heads=nh, num_kv_heads=nkv, head_dim=d, intermediate_size=inter, vocab_size=vocab,
-        rms_norm_eps=float(text_config.get("rms_norm_eps", 1e-6)), rope_theta=theta,
-        rotary_dim=int(d * factor), num_layers=layers,
+        rms_norm_eps=eps, rope_theta=theta, rotary_dim=rotary_dim, num_layers=layers, moe=moe, rope=scaling,
     )
+
+
+def geometry_from_config(model_type: str, text_config: dict, where: Path = Path(".")) -> HeadGeometry:
+    """The head geometry a family's text config implies (what read_checkpoint validates a checkpoint against)."""
+    return _geometry(FAMILIES[model_type], text_config, Path(where))
+
+
+def _quantization(config: dict, text_config: dict, path: Path) -> Quantization | None:
+    """The block-FP8 config, from the top level (VLM wrappers) or text_config; any other method refused."""
+    where = path / "config.json"
+    found = [c.get("quantization_config") for c in (config, text_config) if c.get("quantization_config") is not None]
+    if (path / "hf_quant_config.json").exists():
+        raise CheckpointError(f"{path / 'hf_quant_config.json'}: an NVIDIA ModelOpt checkpoint (NVFP4 / FP8 by ModelOpt) "
+                              "is not supported; only block-FP8 (quant_method fp8) and unquantised checkpoints are read")
+    if not found:
+        return None
+    q = found[0]
+    if not isinstance(q, dict):
+        raise CheckpointError(f"{where}: quantization_config is {type(q).__name__}, expected an object")
+    method = q.get("quant_method")
+    if method != "fp8":
+        algo = q.get("quant_algo") or q.get("format") or ""
+        name = KNOWN_METHODS.get(str(method).lower(), None) if isinstance(method, str) else None
+        label = f"{method!r}" + (f" ({name})" if name and name != method else "") + \
+            (f", {algo}" if isinstance(algo, str) and algo else "")
+        raise CheckpointError(
+            f"{where}: quantization method {label} is not supported; only block-FP8 (quant_method 'fp8' with "
+            "weight_block_size) is dequantised faithfully, nothing is ever cast: use the BF16 or the FP8 release"
+        )
+    cfg = _Config(q, where, "quantization_config.")
+    fmt = q.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise cfg.fail("fmt", f"is {fmt!r}; only e4m3 FP8 is read")
+    scheme = q.get("activation_scheme", "dynamic")
+    if scheme != "dynamic":
+        raise cfg.fail("activation_scheme", f"is {scheme!r}; only dynamic (weights-only scales) is read")
+    block = q.get("weight_block_size")
+    if block is None:
+        raise CheckpointError(f"{where}: quant_method 'fp8' without weight_block_size (per-tensor FP8) is not supported; "
+                              "only block-FP8 (weight_block_size [128, 128]) is read")
+    if not (isinstance(block, list) and len(block) == 2 and all(_is_int(b) and 0 < b <= 1 << 16 for b in block)):
+        raise cfg.fail("weight_block_size", f"is {block!r}, expected two positive integers")
+    skip = q.get("modules_to_not_convert") or []
+    if not isinstance(skip, list) or not all(isinstance(m, str) for m in skip):
+        raise cfg.fail("modules_to_not_convert", "must be a list of module names")
+    return Quantization("fp8", fmt, (block[0], block[1]), scheme, tuple(skip))
 
 
 def _fmt(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
+def _module(name: str) -> str:
+    return name.removesuffix(".weight")
+
+
+def _check_storage(path: Path, tensors: dict[str, TensorEntry], names: list[str], q: Quantization | None) -> None:
+    """Every weight a stage reads is a float, or block-FP8 with its scales; refuse the rest by name."""
+    for name in names:
+        e = tensors[name]
+        where = f"{path / e.file}: tensor {name}"
+        if name.endswith(SCALE_SUFFIX):
+            weight = name[: -len(SCALE_SUFFIX)]
+            if weight not in tensors or tensors[weight].dtype != FP8_DTYPE:
+                raise CheckpointError(f"{where} is a block scale without an {FP8_DTYPE} weight {weight}; the checkpoint is inconsistent")
+            if e.dtype not in SCALE_DTYPES:
+                raise CheckpointError(f"{where} is stored as {e.dtype}; block scales are F32 or BF16")
+            continue
+        if e.dtype in FLOAT_DTYPES:
+            continue
+        if e.dtype == FP8_DTYPE:
+            if q is None:
+                raise CheckpointError(f"{where} is stored as {e.dtype} but config.json has no quantization_config "
+                                      "(quant_method fp8, weight_block_size): refused rather than cast to weights")
+            if len(e.shape) < 2:
+                raise CheckpointError(f"{where} is stored as {e.dtype} with shape {_fmt(e.shape)}; only matrices are block-FP8")
+            if q.keeps(_module(name)):
+                raise CheckpointError(f"{where} is stored as {e.dtype}, but quantization_config.modules_to_not_convert "
+                                      "keeps that module unquantised; the checkpoint is inconsistent")
+            scale = name + SCALE_SUFFIX
+            br, bc = q.block
+            want = (*e.shape[:-2], -(-e.shape[-2] // br), -(-e.shape[-1] // bc))
+            if scale not in tensors:
+                raise CheckpointError(f"{where} is {e.dtype} but its block scale {scale} is missing (expected shape "
+                                      f"{_fmt(want)}); the checkpoint is incomplete")
+            if tensors[scale].shape != want:
+                raise CheckpointError(f"{path / tensors[scale].file}: tensor {scale} has shape {_fmt(tensors[scale].shape)}, "
+                                      f"expected {_fmt(want)} ({br}x{bc} blocks of {name} {_fmt(e.shape)})")
+            continue
+        what = "an integer" if e.dtype[0] in "IU" else "a boolean" if e.dtype == "BOOL" else "an FP8 format other than e4m3"
+        method = "block-FP8" if q is not None else "none declared"
+        raise CheckpointError(
+            f"{where} is stored as {e.dtype} ({what} dtype: packed or quantised weights, quantisation {method}); "
+            "this tool reads float and block-FP8 weights only and never casts codes to weights"
+        )
+
+
+def _expert_layout(path: Path, head: list[str], prefix: str) -> str:
+    fused = any(n.startswith(prefix + "experts.gate_up_proj") or n.startswith(prefix + "experts.down_proj") for n in head)
+    per_expert = any(n.startswith(prefix + "experts.") and n[len(prefix + "experts."):].split(".")[0].isdigit() for n in head)
+    if fused and per_expert:
+        raise CheckpointError(f"{path}: the head's experts are stored both fused ({prefix}experts.gate_up_proj) and per "
+                              f"expert ({prefix}experts.N.*); keep one layout")
+    return "per_expert" if per_expert else "fused"
+
+
 def read_checkpoint(model_dir: str | Path) -> CheckpointInfo:
     """Read and validate a checkpoint directory from config.json and safetensors headers."""
     path = Path(model_dir).expanduser()
     config = _read_config(path)
+    where = path / "config.json"
 
     # 1. Which family member, which layout.
     model_type = config.get("model_type")
-    if model_type in RECOGNISED_UNSUPPORTED:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
+        shown = model_type if isinstance(model_type, str) or model_type is None else f"{model_type!r:.40}"
         raise CheckpointError(
-            f"{path}: model_type {model_type!r} is not supported yet ({RECOGNISED_UNSUPPORTED[model_type]}); "
-            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            f"{where}: unsupported model_type {shown!r}; supported: {', '.join(FAMILIES)}"
         )
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise CheckpointError(
-            f"{path}: unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
-    layout = SUPPORTED_MODEL_TYPES[model_type]
-    text_config = (config.get("text_config") or {}) if layout == "vlm" else config
+    family = FAMILIES[model_type]
+    layout = family.layout
+    text_config = config.get("text_config") if layout == "vlm" else config
+    if layout == "vlm" and not isinstance(text_config, dict):
+        found = "none" if text_config is None else type(text_config).__name__
+        raise CheckpointError(f"{where}: a {model_type!r} config needs a text_config object (found {found}); restore config.json")
     if layout == "vlm" and not text_config:
-        raise CheckpointError(f"{path / 'config.json'}: a {model_type!r} config needs a text_config; restore config.json")
+        raise CheckpointError(f"{where}: a {model_type!r} config needs a text_config; restore config.json")
+    if layout == "vlm" and text_config.get("model_type", family.text_model_type) != family.text_model_type:
+        raise CheckpointError(f"{where}: text_config.model_type is {text_config.get('model_type')!r}, expected "
+                              f"{family.text_model_type!r} for a {model_type!r} checkpoint")
 
     # 2. Tying: VLM wrappers carry it at the top level; text_config must agree when it says.
-    tie = bool(config.get("tie_word_embeddings", False))
-    if layout == "vlm" and "tie_word_embeddings" in text_config and bool(text_config["tie_word_embeddings"]) != tie:
-        raise CheckpointError(
-            f"{path / 'config.json'}: tie_word_embeddings is {tie} at the top level but "
-            f"{bool(text_config['tie_word_embeddings'])} in text_config; make them agree"
-        )
-    geometry = _geometry(text_config, path)
+    tie = _Config(config, where).bool("tie_word_embeddings", False)
+    if layout == "vlm" and "tie_word_embeddings" in text_config:
+        inner = _Config(text_config, where, "text_config.").bool("tie_word_embeddings", False)
+        if inner != tie:
+            raise CheckpointError(
+                f"{where}: tie_word_embeddings is {tie} at the top level but {inner} in text_config; make them agree"
+            )
+    geometry = _geometry(family, text_config, path)
     if geometry.num_layers != 1:
         raise CheckpointError(
-            f"{path / 'config.json'}: mtp_num_hidden_layers is {geometry.num_layers}; only 1 (every released "
-            "checkpoint) is supported"
+            f"{where}: {family.depth_key} is {geometry.num_layers}; only 1 (every released checkpoint) is supported"
         )
+    quantization = _quantization(config, text_config if layout == "vlm" else {}, path)
+
+    routing = geometry.moe
+    if routing is None and family.head_mlp == "by_sparse_step" and text_config.get("num_experts"):
+        routing = _moe(_Config(text_config, where))  # a dense MTP layer over a MoE target
 
     # 3. Every tensor, from the headers.
+    files, weight_map = _shard_files(path)
     tensors: dict[str, TensorEntry] = {}
-    for f in _shard_files(path):
+    for f in files:
         for name, (dtype, shape, nbytes) in read_safetensors_header(path / f).items():
+            if name in tensors:
+                raise CheckpointError(f"{path / f}: tensor {name} is also in {path / tensors[name].file}; "
+                                      "a tensor must live in one shard")
             tensors[name] = TensorEntry(name, dtype, shape, nbytes, f)
+    if weight_map is not None:
+        for name, f in weight_map.items():
+            if name not in tensors or tensors[name].file != f:
+                raise CheckpointError(f"{path / 'model.safetensors.index.json'}: weight_map puts {name} in {f}, whose "
+                                      "header does not hold it; restore the index or the shard")
 
-    # 4. The head: present, dense, every tensor at the shape the config implies.
+    # 4. The head: present, every tensor at the shape the config implies, stored as it can be read.
     head = [n for n in tensors if n.startswith(HEAD_PREFIX)]
     if not head:
         raise CheckpointError(
             f"{path}: this checkpoint ships no MTP head (no mtp.* tensors); use a checkpoint saved with its mtp.* weights"
         )
-    if any(".mlp.experts." in n or n.endswith(".mlp.gate.weight") for n in head):
-        raise CheckpointError(f"{path}: the MTP head has a sparse MoE block, which is not supported yet")
-    expected = expected_head_shapes(geometry)
+    expert_layout = _expert_layout(path, head, "mtp.layers.0.mlp.") if geometry.moe is not None else None
+    if geometry.moe is None and any(".mlp.experts." in n or n.endswith(".mlp.gate.weight") for n in head):
+        raise CheckpointError(f"{path}: the MTP head has a sparse MoE block but config.json describes a dense MLP "
+                              f"(model_type {model_type!r}); config and weights do not match")
+    expected = expected_head_shapes(geometry, expert_layout or "fused")
     for name, shape in expected.items():
         if name not in tensors:
             raise CheckpointError(f"{path}: head tensor {name} is missing (expected shape {_fmt(shape)}); the checkpoint is incomplete")
@@ -288,12 +818,22 @@ def read_checkpoint(model_dir: str | Path) -> CheckpointInfo:
                 f"{path}: head tensor {name} has shape {_fmt(tensors[name].shape)}, expected {_fmt(shape)} "
                 "from config.json; config and weights do not match"
             )
+    for name in head:
+        if name not in expected and not (name.endswith(SCALE_SUFFIX) and name[: -len(SCALE_SUFFIX)] in expected):
+            raise CheckpointError(f"{path}: head tensor {name} is not part of a {geometry.mlp} Qwen3.5-family head "
+                                  f"({len(expected)} tensors); config and weights do not match")
 
     # 5. The borrowed tensors.
     info = CheckpointInfo(
         path=path, config=config, text_config=dict(text_config), model_type=model_type, layout=layout,
-        tie_word_embeddings=tie, geometry=geometry, tensors=tensors,
+        tie_word_embeddings=tie, geometry=geometry, tensors=tensors, family=family, expert_layout=expert_layout,
+        quantization=quantization, routing=routing,
     )
+    if routing is None:
+        routed = next((n for n in info.target_names if ".mlp.experts." in n), None)
+        if routed is not None:
+            raise CheckpointError(f"{path}: target tensor {routed} is a routed expert but config.json describes a dense "
+                                  f"{model_type!r} model; config and weights do not match")
     H, V = geometry.hidden_size, geometry.vocab_size
     for name, what in ((info.embed_name, "embedding"), (info.lm_head_name, "lm_head")):
         if name not in tensors:
@@ -303,57 +843,168 @@ def read_checkpoint(model_dir: str | Path) -> CheckpointInfo:
             raise CheckpointError(
                 f"{path}: {what} tensor {name} has shape {_fmt(tensors[name].shape)}, expected {_fmt((V, H))}"
             )
+    _check_storage(path, tensors, info.target_names + info.head_names, quantization)
+    for name in info.head_names + [info.embed_name, info.lm_head_name]:
+        e = tensors[name]
+        if len(e.shape) == 1 and e.dtype not in FLOAT_DTYPES:
+            raise CheckpointError(f"{path / e.file}: tensor {name} is stored as {e.dtype}; a norm is a float vector")
     return info
 
 
-def load_tensors(info: CheckpointInfo, names: list[str], device: str = "cpu", dtype=None) -> dict:
-    """Read the named tensors with safe_open from only the shards that hold them."""
-    from safetensors import safe_open
+# ---------------------------------------------------------------------------------------------
+# Tensor data
 
-    by_file: dict[str, list[str]] = {}
-    for n in names:
-        by_file.setdefault(info.tensors[n].file, []).append(n)
+
+def dequantize_blockwise(q, scale_inv, block: tuple[int, int]):
+    """The serving value of a block-FP8 weight, in fp32: q * scale_inv per block.
+
+    q: [..., R, C] float8_e4m3fn; scale_inv: [..., ceil(R / br), ceil(C / bc)] F32 or BF16 -> [..., R, C] fp32.
+    Worked example, block (2, 2), q [3, 3], scale_inv [[s0, s1], [s2, s3]]: rows 0-1 cols 0-1 take s0,
+    rows 0-1 col 2 take s1, row 2 cols 0-1 take s2, row 2 col 2 takes s3 (the last blocks are partial).
+    """
+    br, bc = block
+    R, C = q.shape[-2:]
+    scale = scale_inv.float().repeat_interleave(br, dim=-2)[..., :R, :].repeat_interleave(bc, dim=-1)[..., :C]
+    return q.float() * scale
+
+
+class _Reader:
+    """Reads tensors of one checkpoint by name, opening each shard once; FP8 weights come back dequantised."""
+
+    def __init__(self, info: CheckpointInfo):
+        self.info = info
+        self.files: dict[str, object] = {}
+
+    def _file(self, f: str):
+        from safetensors import safe_open
+
+        if f not in self.files:
+            try:
+                self.files[f] = safe_open(str(self.info.path / f), framework="pt", device="cpu")
+            except Exception as e:  # safetensors raises its own error type for a damaged file
+                raise CheckpointError(f"{self.info.path / f}: cannot open ({_reason(e)}); re-download or re-save this shard")
+        return self.files[f]
+
+    def raw(self, name: str):
+        e = self.info.tensors[name]
+        try:
+            return self._file(e.file).get_tensor(name)
+        except CheckpointError:
+            raise
+        except Exception as err:
+            raise CheckpointError(f"{self.info.path / e.file}: cannot read tensor {name} ({_reason(err)}); "
+                                  "re-download or re-save this shard")
+
+    def value(self, name: str, dtype=None):
+        """The tensor's serving value: dequantised (fp32, then dtype) for block-FP8, else as stored (then dtype)."""
+        t = self.raw(name)
+        scale = self.info.scale_of(name)
+        if self.info.tensors[name].dtype == FP8_DTYPE:
+            assert scale is not None and self.info.quantization is not None, name  # read_checkpoint checked it
+            t = dequantize_blockwise(t, self.raw(scale), self.info.quantization.block)
+        return t if dtype is None else t.to(dtype)
+
+
+def load_tensors(info: CheckpointInfo, names: list[str], device: str = "cpu", dtype=None) -> dict:
+    """Read the named tensors from only the shards that hold them (FP8 ones dequantised)."""
+    reader = _Reader(info)
     out = {}
-    for f, file_names in sorted(by_file.items()):
-        with safe_open(str(info.path / f), framework="pt", device="cpu") as sf:
-            for n in file_names:
-                t = sf.get_tensor(n)
-                out[n] = t.to(device=device, dtype=dtype if dtype is not None else t.dtype)
+    for n in sorted(names, key=lambda n: (info.tensors[n].file, n)):
+        t = reader.value(n, dtype)
+        out[n] = t.to(device=device)
     return out
 
 
 def load_head_tensors(info: CheckpointInfo, device: str = "cpu", dtype=None) -> dict:
-    """The mtp.* tensors, keyed without the "mtp." prefix."""
-    return {n[len(HEAD_PREFIX):]: t for n, t in load_tensors(info, info.head_names, device, dtype).items()}
+    """The head's tensors keyed without the "mtp." prefix, in the form the head runs: FP8 weights dequantised,
+    block scales consumed, routed experts as the fused stacks `layers.0.mlp.experts.gate_up_proj` [E, 2I, H]
+    (gate rows, then up rows) and `layers.0.mlp.experts.down_proj` [E, H, I] whatever the stored layout.
+    Per-expert tensors are written into the stacks one expert at a time (no second copy of the experts)."""
+    import torch
+
+    reader = _Reader(info)
+    names = [n for n in info.head_names if not n.endswith(SCALE_SUFFIX)]
+    out = {}
+    if info.expert_layout == "per_expert":
+        g = info.geometry
+        E, inter, H = g.moe.num_experts, g.moe.moe_intermediate_size, g.hidden_size
+        first = info.tensors["mtp.layers.0.mlp.experts.0.gate_proj.weight"]
+        stack_dtype = dtype or (torch.float32 if first.dtype == FP8_DTYPE else reader.raw(first.name).dtype)
+        gate_up = torch.empty(E, 2 * inter, H, dtype=stack_dtype, device=device)
+        down = torch.empty(E, H, inter, dtype=stack_dtype, device=device)
+        p = "mtp.layers.0.mlp.experts."
+        for e in range(E):
+            gate_up[e, :inter] = reader.value(f"{p}{e}.gate_proj.weight", stack_dtype)
+            gate_up[e, inter:] = reader.value(f"{p}{e}.up_proj.weight", stack_dtype)
+            down[e] = reader.value(f"{p}{e}.down_proj.weight", stack_dtype)
+        out["layers.0.mlp.experts.gate_up_proj"] = gate_up
+        out["layers.0.mlp.experts.down_proj"] = down
+        names = [n for n in names if not n.startswith(p)]
+    for n in sorted(names, key=lambda n: (info.tensors[n].file, n)):
+        out[n[len(HEAD_PREFIX):]] = reader.value(n, dtype).to(device=device)
+    return out
+
+
+class _DequantisedSlice:
+    """A state-dict value transformers' loader materialises with `value[...]` (as it does a safetensors slice):
+    the block-FP8 weight dequantised with weight_block_size, read only when the loader asks for it."""
+
+    def __init__(self, info: CheckpointInfo, name: str, dtype):
+        self.info, self.name, self.dtype = info, name, dtype
+
+    def __getitem__(self, index):
+        assert index is Ellipsis, index
+        return _Reader(self.info).value(self.name, self.dtype)
 
 
 def load_target(info: CheckpointInfo, device: str = "cpu", dtype=None, device_map=None):
-    """The target as transformers' Qwen3_5ForCausalLM (vision tower and mtp.* are not loaded).
+    """The target as transformers' own causal LM for the family (vision tower and mtp.* are not loaded).
 
-    transformers maps `model.language_model.*` onto the causal LM's `model.*` itself; every
-    text weight must load (a missing one would silently stay at its random init).
+    transformers maps `model.language_model.*` onto the causal LM's `model.*`, and per-expert tensors
+    onto its fused experts, itself; every text weight must load (a missing one would silently stay at
+    its random init). A block-FP8 checkpoint loads from a state dict whose FP8 weights are dequantised
+    here (module doc); its quantization_config is removed from the config so transformers builds plain
+    modules rather than its own FP8 layers.
     """
     import torch
-    from transformers import AutoConfig, Qwen3_5ForCausalLM
+    import transformers
+    from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
-    config = AutoConfig.from_pretrained(info.path)
-    text_config = config.text_config if info.layout == "vlm" else config
-    text_config.tie_word_embeddings = info.tie_word_embeddings
+    from .errors import UserError
+
+    dtype = dtype or torch.float32
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        model, loading = Qwen3_5ForCausalLM.from_pretrained(
-            info.path, config=text_config, dtype=dtype or torch.float32,
-            device_map=device_map if device_map is not None else None, output_loading_info=True,
+        config = AutoConfig.from_pretrained(info.path)
+        text_config = config.text_config if info.layout == "vlm" else config
+        text_config.tie_word_embeddings = info.tie_word_embeddings
+        for holder in (config, text_config):
+            if hasattr(holder, "quantization_config"):
+                delattr(holder, "quantization_config")
+        kwargs = {}
+        if info.quantization is not None:
+            # The whole text state, by checkpoint name (scales consumed, head and vision left out).
+            kwargs["state_dict"] = {n: _DequantisedSlice(info, n, dtype) for n in info.target_names
+                                    if not n.endswith(SCALE_SUFFIX)}
+        model_class = getattr(transformers, info.family.causal_lm)
+        model, loading = model_class.from_pretrained(
+            None if kwargs else info.path, config=text_config, dtype=dtype, device_map=device_map,
+            output_loading_info=True, **kwargs,
         )
+    except UserError:
+        raise
+    except Exception as e:  # transformers raises many kinds for a config or weights it cannot use
+        raise CheckpointError(f"{info.path / 'config.json'}: transformers cannot build the target from this checkpoint "
+                              f"({_reason(e)}); restore the checkpoint")
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
     missing = [k for k in loading.get("missing_keys", []) if not (info.tie_word_embeddings and k == "lm_head.weight")]
     if missing or loading.get("mismatched_keys"):
-        bad = (missing or [m[0] if isinstance(m, tuple) else m for m in loading["mismatched_keys"]])[0]
+        bad = sorted(missing or [m[0] if isinstance(m, tuple) else m for m in loading["mismatched_keys"]])[0]
         raise CheckpointError(f"{info.path}: target weight {bad} is missing or misshapen; the checkpoint is incomplete")
     if device_map is None:
         model.to(device)
@@ -362,12 +1013,26 @@ def load_target(info: CheckpointInfo, device: str = "cpu", dtype=None, device_ma
     return model
 
 
+def read_generation_config(path: Path) -> dict:
+    """generation_config.json as a validated dict ({} when absent): an object whose eos_token_id, if any,
+    is an integer or a list of integers."""
+    p = Path(path) / "generation_config.json"
+    if not p.exists():
+        return {}
+    cfg = read_json_file(p, "generation_config.json")
+    eos = cfg.get("eos_token_id")
+    if eos is not None and not (_is_int(eos) or (isinstance(eos, list) and all(_is_int(i) for i in eos))):
+        raise CheckpointError(f"{p}: eos_token_id is {eos!r:.60}, expected an integer or a list of integers")
+    return cfg
+
+
 def tokenizer_sha256(path: Path) -> str:
     """sha256 over the tokenizer files present (tokenizer.json, tokenizer_config.json, chat template)."""
     h = hashlib.sha256()
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
                  "special_tokens_map.json", "vocab.json", "merges.txt"):
         p = Path(path) / name
-        if p.exists():
+        if p.is_file():
             h.update(name.encode() + b"\0" + p.read_bytes())
     return h.hexdigest()
+

@@ -76,12 +76,36 @@ def inspect(
     for e, role in roles:
         b.add_row(e.name, role, str(list(e.shape)), e.dtype, f"{e.nbytes:,}")
     out.print(b)
-    r = Table(title="roofline draft cost c = (head + lm_head bytes) / target bytes")
+    data = inventory_json(inv)
+    storage = data["head"]["storage"]
+    out.print(f"head storage: {storage['precision']}; numerics: {inv.numerics}", markup=False, soft_wrap=True)
+    if storage["fp8_tensors"]:
+        q = Table(title="head quantisation coverage")
+        for c in ("tensors", "count", "stored as"):
+            q.add_column(c)
+        for kind, groups in (("FP8 e4m3", storage["fp8_tensors"]), (f"scales ({storage['scale_dtype']})", storage["scale_tensors"]),
+                             ("kept float", storage["float_tensors"])):
+            for grp in groups:
+                q.add_row(grp["name"], str(grp["count"]), kind)
+        out.print(q)
+    if data["experts"] is not None:
+        x = data["experts"]
+        e = Table(title=f"experts: {x['count']} routed ({x['routed_per_token']} per token) + {x['shared_per_token']} shared, "
+                        f"layout {x['layout']}, norm_topk_prob {x['norm_topk_prob']}")
+        for c in ("part", "MoE layers", "bytes per expert", "routed bytes", "active routed bytes", "shared bytes", "active params"):
+            e.add_column(c, justify="right")
+        for part in ("target", "head"):
+            y = x[part]
+            e.add_row(part, str(y["moe_layers"]), human_bytes(y["bytes_per_expert"]), human_bytes(y["routed_bytes"]),
+                      human_bytes(y["active_routed_bytes"]), human_bytes(y["shared_bytes"]), f"{y['active_params']:,}")
+        out.print(e)
+    step = " (batch-1 step: routed experts at top-k / E)" if data["experts"] is not None else ""
+    r = Table(title=f"roofline draft cost c = (head + lm_head bytes) / target bytes{step}")
     for c in ("precision", "head", "lm_head", "draft step", "target", "c"):
         r.add_column(c, justify="right")
     for p in ["stored", *PRECISIONS]:
-        r.add_row(p, human_bytes(inv.head_bytes(p)), human_bytes(inv.lm_head_bytes(p)),
-                  human_bytes(inv.head_bytes(p) + inv.lm_head_bytes(p)), human_bytes(inv.target_bytes(p)),
+        r.add_row(p, human_bytes(inv.head_step_bytes(p)), human_bytes(inv.lm_head_bytes(p)),
+                  human_bytes(inv.head_step_bytes(p) + inv.lm_head_bytes(p)), human_bytes(inv.target_step_bytes(p)),
                   f"{inv.draft_cost(p):.4f}")
     out.print(r)
 

@@ -4,7 +4,8 @@ Contract: given the target's post-final-norm hidden states h_0..h_{n-1} of one r
 its tokens, `row_pass` runs the head once over every row i = (h_i, x_{i+1}) at RoPE position
 i and returns the head's post-norm states m_i together with its own KV cache; `chain` then
 drafts d_1..d_K at many anchors at once. The head knows nothing about sessions, spans or
-the target model; it holds its 15 tensors and borrows the target's embedding and lm_head.
+the target model; it holds its own tensors (15 for a dense head; with a MoE block the router,
+the experts and the shared expert) and borrows the target's embedding and lm_head.
 
 One row (all norms zero-centred RMSNorm, N(x; w) = x * rsqrt(mean(x^2) + eps) * (1 + w),
 computed in fp32 and cast back):
@@ -37,18 +38,40 @@ Readings taken from the serving engines' code rather than from tensor shapes (vL
 Readings that follow from Qwen3.5's own attention (transformers' Qwen3_5Attention): q_proj's
 output is viewed [nh, 2d] and split per head into query and gate; q_norm/k_norm over d
 before RoPE; partial rotary on the first rotary_dim dims with rotate-half pairing; text
-M-RoPE streams are equal, so plain 1-D RoPE.
+M-RoPE streams are equal, so plain 1-D RoPE. Qwen3-Next's attention (Qwen3NextAttention) is
+the same gated attention.
+
+Rotary scaling: the head gets the target's rope_parameters, as the engines give it (vLLM
+builds the MTP layer's attention with `get_rope(rope_parameters=config.rope_parameters)`):
+"default", "linear" (frequencies / factor) and "yarn", whose scaled inverse frequencies and
+attention factor on cos/sin follow transformers' `modeling_rope_utils._compute_yarn_parameters`
+line for line (`rotary_frequencies`). checkpoint.py refuses any other rope type for the head.
+
+The MLP is one of two variants, chosen by the geometry (a family is data, not a copy of the
+head): `DenseMlp`, or `SparseMoeMlp` for Qwen3.5-MoE and Qwen3-Next, whose routing is what
+transformers (Qwen3NextTopKRouter / Qwen3_5MoeTopKRouter), vLLM (`qwen3_next.py`
+Qwen3NextSparseMoeBlock: FusedMoE with `renormalize=config.norm_topk_prob`, softmax scoring,
+the shared expert with a sigmoid `shared_expert_gate`) and SGLang agree on:
+
+    x     = N(z; post_attention_layernorm)                    [n, H]
+    p     = softmax(x W_router^T) in fp32                      softmax THEN top-k
+    w, e  = topk(p, k);  w = w / sum(w) if norm_topk_prob      (weights kept in fp32, as vLLM)
+    mlp   = sum_j w_j down_{e_j}(silu(gate_{e_j} x) * up_{e_j} x) + sigmoid(x w_sg^T) down_s(silu(gate_s x) * up_s x)
+
+accumulated in fp32. Rows are grouped by expert (sorted by expert id, one matmul per expert
+over its contiguous slice of rows); no Python loop over tokens.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checkpoint import HeadGeometry, expected_head_shapes
+from .checkpoint import HeadGeometry, SparseMoe, expected_head_shapes
 
 try:  # torch >= 2.3
     from torch.nn.attention.bias import CausalBias
@@ -82,11 +105,60 @@ def rotary_inv_freq(rotary_dim: int, theta: float, device=None) -> Tensor:
     return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim))
 
 
-def rotary_cos_sin(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """positions: [n] -> cos, sin: [n, rotary_dim], frequencies repeated as [f, f] (rotate-half layout)."""
+def rotary_frequencies(g: HeadGeometry, device=None) -> tuple[Tensor, float]:
+    """([rotary_dim / 2] inverse frequencies, attention factor on cos/sin) for the geometry's rope_parameters.
+
+    yarn, as transformers' _compute_yarn_parameters: interpolated frequencies 1 / (factor * theta^(2i/r))
+    below the correction range, the plain ones above it, a linear ramp between; the range from
+    beta_fast / beta_slow rotations at original_max_position_embeddings (floored / ceiled unless
+    truncate is false); attention factor 0.1 * ln(factor) + 1 (or the mscale ratio, or as given).
+    """
+    rope, r, base = g.rope, g.rotary_dim, g.rope_theta
+    inv_freq = rotary_inv_freq(r, base, device)
+    if rope.rope_type == "default":
+        return inv_freq, 1.0
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor, 1.0
+    assert rope.rope_type == "yarn", rope.rope_type
+    factor = rope.factor
+    original = rope.original_max_position_embeddings
+    if factor is None:
+        factor = rope.max_position_embeddings / original
+
+    def get_mscale(scale, mscale=1.0):
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    attention_factor = rope.attention_factor
+    if attention_factor is None:
+        if rope.mscale and rope.mscale_all_dim:
+            attention_factor = float(get_mscale(factor, rope.mscale) / get_mscale(factor, rope.mscale_all_dim))
+        else:
+            attention_factor = get_mscale(factor)
+    beta_fast = rope.beta_fast or 32
+    beta_slow = rope.beta_slow or 1
+
+    def correction_dim(rotations):
+        return (r * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, r - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = torch.clamp((torch.arange(r // 2, dtype=torch.float32, device=device) - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp  # 1: keep the plain frequency, 0: interpolate
+    pos_freqs = base ** (torch.arange(0, r, 2, device=device).to(torch.float32) / r)
+    inv = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv, attention_factor
+
+
+def rotary_cos_sin(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype, scale: float = 1.0) -> tuple[Tensor, Tensor]:
+    """positions: [n] -> cos, sin: [n, rotary_dim], frequencies repeated as [f, f] (rotate-half layout),
+    each times `scale` (yarn's attention factor; 1 otherwise)."""
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 
 
 def apply_partial_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -108,6 +180,105 @@ def causal_mask(q_positions: Tensor, k_positions: Tensor) -> Tensor:
     the cache already holds keys (a query chunk after the first).
     """
     return k_positions[None, :] <= q_positions[:, None]
+
+
+# ---------------------------------------------------------------------------------------------
+# The head's MLP variants
+
+
+def route(router_logits: Tensor, k: int, norm_topk_prob: bool) -> tuple[Tensor, Tensor]:
+    """router_logits: [n, E] -> (weights [n, k] fp32, experts [n, k] int64): softmax in fp32 over all E,
+    THEN the top k, renormalised to sum to 1 when norm_topk_prob.
+
+    Worked example, logits (2, 1, 0, -1), k = 2: p = (0.644, 0.237, 0.087, 0.032); top 2 = experts (0, 1)
+    with (0.644, 0.237), renormalised (0.731, 0.269). Top-k before the softmax would give (0.731, 0.269)
+    too, which is why only norm_topk_prob = false tells the two orders apart: (0.644, 0.237) there.
+    """
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, experts = torch.topk(probs, k, dim=-1)
+    if norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts
+
+
+def routed_experts(x: Tensor, weights: Tensor, experts: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
+    """sum_j weights[i, j] * expert_{experts[i, j]}(x_i), grouped by expert; fp32 accumulation.
+
+    x: [n, H]; weights, experts: [n, k]; gate_up: [E, 2I, H] (rows [0:I] gate, [I:] up); down: [E, H, I]
+    -> [n, H] fp32. The n*k assignments are sorted by expert id, so each expert with rows runs one
+    matmul over a contiguous slice (the loop is over the experts that have rows, never over tokens).
+    """
+    n, k = experts.shape
+    flat = experts.reshape(-1)  # [n k]
+    order = torch.argsort(flat, stable=True)
+    tokens = order // k  # the row of each sorted assignment
+    w = weights.reshape(-1)[order]
+    counts = torch.bincount(flat, minlength=gate_up.shape[0])
+    ends = counts.cumsum(0)
+    out = torch.zeros(n, x.shape[-1], dtype=torch.float32, device=x.device)
+    for e in torch.nonzero(counts).squeeze(1).tolist():
+        end = int(ends[e])
+        start = end - int(counts[e])
+        rows = tokens[start:end]
+        gate, up = F.linear(x[rows], gate_up[e]).chunk(2, dim=-1)  # gate first
+        y = F.linear(F.silu(gate) * up, down[e])
+        out.index_add_(0, rows, y.float() * w[start:end, None])
+    return out
+
+
+class DenseMlp(nn.Module):
+    """down(silu(gate x) * up x): the dense head's MLP."""
+
+    def __init__(self, tensors: dict[str, Tensor], prefix: str):
+        super().__init__()
+        self.gate_proj = nn.Parameter(tensors[prefix + "gate_proj.weight"], requires_grad=False)  # [I, H]
+        self.up_proj = nn.Parameter(tensors[prefix + "up_proj.weight"], requires_grad=False)  # [I, H]
+        self.down_proj = nn.Parameter(tensors[prefix + "down_proj.weight"], requires_grad=False)  # [H, I]
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: [n, H] -> [n, H]."""
+        return F.linear(F.silu(F.linear(x, self.gate_proj)) * F.linear(x, self.up_proj), self.down_proj)
+
+    def named_weights(self, prefix: str) -> dict[str, Tensor]:
+        return {prefix + n + ".weight": getattr(self, n) for n in ("gate_proj", "up_proj", "down_proj")}
+
+
+class SparseMoeMlp(nn.Module):
+    """Router, E routed experts (fused stacks), one shared expert with a sigmoid gate (module doc)."""
+
+    def __init__(self, moe: SparseMoe, tensors: dict[str, Tensor], prefix: str):
+        super().__init__()
+        self.moe = moe
+
+        def p(name):
+            return nn.Parameter(tensors[prefix + name], requires_grad=False)
+
+        self.router = p("gate.weight")  # [E, H]
+        self.gate_up = p("experts.gate_up_proj")  # [E, 2 I, H]
+        self.down = p("experts.down_proj")  # [E, H, I]
+        self.shared_gate_proj = p("shared_expert.gate_proj.weight")  # [I_sh, H]
+        self.shared_up_proj = p("shared_expert.up_proj.weight")
+        self.shared_down_proj = p("shared_expert.down_proj.weight")  # [H, I_sh]
+        self.shared_expert_gate = p("shared_expert_gate.weight")  # [1, H]
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: [n, H] -> [n, H]."""
+        weights, experts = route(F.linear(x, self.router), self.moe.experts_per_token, self.moe.norm_topk_prob)
+        routed = routed_experts(x, weights, experts, self.gate_up, self.down)
+        shared = F.linear(F.silu(F.linear(x, self.shared_gate_proj)) * F.linear(x, self.shared_up_proj), self.shared_down_proj)
+        shared = torch.sigmoid(F.linear(x, self.shared_expert_gate)) * shared
+        return (routed + shared.float()).to(x.dtype)
+
+    def named_weights(self, prefix: str) -> dict[str, Tensor]:
+        return {
+            prefix + "gate.weight": self.router,
+            prefix + "experts.gate_up_proj": self.gate_up,
+            prefix + "experts.down_proj": self.down,
+            prefix + "shared_expert.gate_proj.weight": self.shared_gate_proj,
+            prefix + "shared_expert.up_proj.weight": self.shared_up_proj,
+            prefix + "shared_expert.down_proj.weight": self.shared_down_proj,
+            prefix + "shared_expert_gate.weight": self.shared_expert_gate,
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,10 +316,11 @@ class MtpHead(nn.Module):
         super().__init__()
         g = geometry
         self.geometry = g
-        shapes = expected_head_shapes(g)
+        shapes = expected_head_shapes(g)  # the fused expert form for a MoE head
         for name, shape in shapes.items():
             key = name[len("mtp."):]
             assert tuple(tensors[key].shape) == shape, f"{name}: {tuple(tensors[key].shape)} != {shape}"
+        assert len(tensors) == len(shapes), sorted(set(tensors) - {n[len('mtp.'):] for n in shapes})
         assert embed_tokens.shape == lm_head.shape == (g.vocab_size, g.hidden_size)
 
         def p(key):
@@ -167,13 +339,23 @@ class MtpHead(nn.Module):
         self.o_proj = p(L + "self_attn.o_proj.weight")  # [H, nh d]
         self.q_norm = p(L + "self_attn.q_norm.weight")  # [d]
         self.k_norm = p(L + "self_attn.k_norm.weight")
-        self.gate_proj = p(L + "mlp.gate_proj.weight")
-        self.up_proj = p(L + "mlp.up_proj.weight")
-        self.down_proj = p(L + "mlp.down_proj.weight")
+        self.mlp = DenseMlp(tensors, L + "mlp.") if g.moe is None else SparseMoeMlp(g.moe, tensors, L + "mlp.")
         # Borrowed from the target, not copied: a draft step reads the whole lm_head.
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
-        self.register_buffer("inv_freq", rotary_inv_freq(g.rotary_dim, g.rope_theta, self.fc.device), persistent=False)
+        inv_freq, self.attention_factor = rotary_frequencies(g, self.fc.device)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def named_weights(self) -> dict[str, Tensor]:
+        """The head's own tensors by checkpoint name without "mtp." (routed experts in the fused form)."""
+        L = "layers.0."
+        own = {
+            "pre_fc_norm_embedding.weight": self.pre_fc_norm_embedding, "pre_fc_norm_hidden.weight": self.pre_fc_norm_hidden,
+            "fc.weight": self.fc, "norm.weight": self.norm,
+            L + "input_layernorm.weight": self.input_layernorm, L + "post_attention_layernorm.weight": self.post_attention_layernorm,
+        }
+        own |= {L + f"self_attn.{n}.weight": getattr(self, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")}
+        return own | self.mlp.named_weights(L + "mlp.")
 
     @property
     def dtype(self) -> torch.dtype:
@@ -207,7 +389,7 @@ class MtpHead(nn.Module):
         query = self._norm(query, self.q_norm).transpose(0, 1)  # [nh, n, d]
         key = self._norm(F.linear(x, self.k_proj).view(n, g.num_kv_heads, g.head_dim), self.k_norm).transpose(0, 1)
         value = F.linear(x, self.v_proj).view(n, g.num_kv_heads, g.head_dim).transpose(0, 1)
-        cos, sin = rotary_cos_sin(positions, self.inv_freq, self.dtype)
+        cos, sin = rotary_cos_sin(positions, self.inv_freq, self.dtype, self.attention_factor)
         return apply_partial_rotary(query, cos, sin), gate, apply_partial_rotary(key, cos, sin), value
 
     def finish_row(self, z: Tensor, attn: Tensor, gate: Tensor) -> Tensor:
@@ -215,8 +397,7 @@ class MtpHead(nn.Module):
         n = z.shape[0]
         attn = attn.transpose(0, 1).reshape(n, -1)
         z = z + F.linear(attn * torch.sigmoid(gate), self.o_proj)
-        x = self._norm(z, self.post_attention_layernorm)
-        z = z + F.linear(F.silu(F.linear(x, self.gate_proj)) * F.linear(x, self.up_proj), self.down_proj)
+        z = z + self.mlp(self._norm(z, self.post_attention_layernorm))
         return self._norm(z, self.norm)
 
     def _row_mask(self, q_positions: Tensor, k_positions: Tensor):

@@ -427,11 +427,8 @@ def _start_manifest(out: Path, opts: ReplayOptions, info, identity: dict, bundle
         "model": {
             "path": str(info.path.resolve()), "bundled": bundled, "model_type": info.model_type,
             **identity["model"],
-            "roofline": {
-                "precision": precision, "head_bytes": inventory.head_bytes(precision),
-                "lm_head_bytes": inventory.lm_head_bytes(precision), "target_bytes": inventory.target_bytes(precision),
-                "draft_cost": inventory.draft_cost(precision),
-            },
+            "numerics": info.numerics(identity["dtype"]),
+            "roofline": inventory.roofline(precision),
             "roofline_by_precision": {p: inventory.draft_cost(p) for p in ["stored", "BF16", "FP8", "Q8_0", "Q6_K", "Q4_K"]},
         },
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},

@@ -22,7 +22,8 @@ probe.json keys (probe_version 1):
     probe_version   1
     tool            {"name": "mtp-observe", "version"}
     created         ISO-8601 UTC
-    model           {"path", "model_type", "config_sha256"}
+    model           {"path", "model_type", "config_sha256", "numerics"} (numerics: what the weights were computed
+                    in, e.g. "fp8 e4m3 weights (128x128 blocks, ...) dequantised to bfloat16")
     device          "cuda:0" | "cpu" ...;  device_name: the GPU's name or the CPU's description
     cpu             true when measured on a CPU (the figures do not stand for a GPU)
     dtype           "bfloat16" | "float32"
@@ -35,8 +36,9 @@ probe.json keys (probe_version 1):
     verify          [{"k": K, "tokens": K+1, "median_s", "samples_s": [...], "extra": v(K)}] for K = 1..k,
                     v(K) = verify(K+1 tokens) / target decode - 1 (the report clamps it at 0)
     draft_cost      c = draft step / target decode
-    roofline        {"precision", "head_bytes", "lm_head_bytes", "target_bytes", "draft_cost"} at the
-                    probe's dtype (inventory.py: bytes a draft step reads over bytes a decode step reads)
+    roofline        {"precision", "head_bytes", "lm_head_bytes", "target_bytes", "head_step_bytes",
+                    "target_step_bytes", "draft_cost"} at the probe's dtype (inventory.py: bytes a batch-1 draft
+                    step reads over bytes a decode step reads; *_step_bytes charge routed experts at top-k / E)
     versions        {"python", "torch", "transformers"}
     notes           [str]
 """
@@ -73,7 +75,7 @@ class Timing:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    model: dict  # {"path", "model_type", "config_sha256"}
+    model: dict  # {"path", "model_type", "config_sha256", "numerics"}
     device: str
     device_name: str
     dtype: str  # "bfloat16" | "float32"
@@ -122,18 +124,9 @@ def time_call(fn, setup, *, repeats: int, warmup: int, device: str) -> Timing:
 
 
 def roofline_at(inventory, dtype: torch.dtype) -> dict:
-    """The roofline draft cost at the probe's dtype: BF16 as inventory.py counts it; float32 = 4 bytes a weight."""
-    if dtype == torch.bfloat16:
-        precision = "BF16"
-        head, lm_head = inventory.head_bytes(precision), inventory.lm_head_bytes(precision)
-        target = inventory.target_bytes(precision)
-    else:
-        precision = "F32"
-        head = 4 * sum(e.numel for e in inventory.head)
-        lm_head = 4 * inventory.lm_head.numel
-        target = 4 * sum(e.numel for e in inventory.target)
-    return {"precision": precision, "head_bytes": head, "lm_head_bytes": lm_head, "target_bytes": target,
-            "draft_cost": (head + lm_head) / target}
+    """The roofline draft cost at the probe's dtype: BF16 as inventory.py counts it; float32 = 4 bytes a weight
+    (batch-1 steps: routed experts charged at top-k / E)."""
+    return inventory.roofline("BF16" if dtype == torch.bfloat16 else "F32")
 
 
 @dataclass(frozen=True)
@@ -231,7 +224,8 @@ def probe(
                  "it in place, so the measured draft step may run slightly long at large contexts")
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else (platform.processor() or platform.machine())
     return ProbeResult(
-        model={"path": str(info.path), "model_type": info.model_type, "config_sha256": info.config_sha256},
+        model={"path": str(info.path), "model_type": info.model_type, "config_sha256": info.config_sha256,
+               "numerics": info.numerics(torch_dtype)},
         device=device, device_name=name, dtype=str(torch_dtype).removeprefix("torch."), context=context, k=k,
         repeats=repeats, warmup=warmup, draft_step=draft, target_decode=decode, verify=verify,
         roofline=roofline_at(take_inventory(info), torch_dtype), notes=tuple(notes),

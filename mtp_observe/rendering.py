@@ -46,12 +46,18 @@ check fails, rendering falls back to encoding every text whole.
 from __future__ import annotations
 
 import bisect
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import CheckpointError, OptionError
 from .sessions import Session, SessionError, Skipped, read_sessions
+
+
+def _reason(e: BaseException) -> str:
+    """The first line of an exception's message (a template's raise_exception may carry none), or its type."""
+    lines = str(e).strip().splitlines()
+    return lines[0][:200] if lines else f"{type(e).__name__} with no message"
+
 
 SEGMENTS = ("reasoning", "text", "tool_call", "end")  # codes 0..3, the order tables.SEGMENTS uses
 REASONING, TEXT, TOOL_CALL, END = range(4)
@@ -193,13 +199,20 @@ class Renderer:
         from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
+        from .checkpoint import read_generation_config, read_json_file
+
         path = Path(path)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            if not (path / name).is_file():
+                raise CheckpointError(f"{path / name}: missing; the checkpoint needs tokenizer.json and tokenizer_config.json")
+            if name == "tokenizer_config.json":
+                read_json_file(path / name, name)  # transformers would take a broken one for absent
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
         except Exception as e:  # transformers raises many kinds here; the user's fix is the same
-            raise CheckpointError(f"{path}: cannot load its tokenizer ({type(e).__name__}: {str(e).splitlines()[0][:160]}); the checkpoint needs tokenizer.json and tokenizer_config.json")
+            raise CheckpointError(f"{path}: cannot load its tokenizer ({_reason(e)}); the checkpoint needs tokenizer.json and tokenizer_config.json")
         finally:
             hf_logging.set_verbosity(verbosity)
         if not getattr(tokenizer, "is_fast", False):
@@ -207,13 +220,18 @@ class Renderer:
         eos: set[int] = set()
         if tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
-        for name in ("generation_config.json", "config.json"):
-            p = path / name
-            if p.exists():
-                cfg = json.loads(p.read_text())
-                for c in (cfg, cfg.get("text_config") or {}):
-                    value = c.get("eos_token_id")
-                    eos.update([value] if isinstance(value, int) else (value or []))
+        configs = [read_generation_config(path)]
+        if (path / "config.json").exists():
+            cfg = read_json_file(path / "config.json", "the checkpoint's config.json")
+            configs += [cfg, cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}]
+        for c in configs:
+            value = c.get("eos_token_id")
+            if value is None:
+                continue
+            ids = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise CheckpointError(f"{path / 'config.json'}: eos_token_id is {value!r:.60}, expected an integer or a list of integers")
+            eos.update(ids)
         overrides = overrides or TemplateOverrides()
         return cls(tokenizer, eos, vocab_size, template_kwargs=overrides.kwargs, chat_template=overrides.chat_template)
 
@@ -290,6 +308,10 @@ class Renderer:
                     if self._encode(cur_text, 0).ids != cur.ids:
                         raise _Exactness()
                     self._self_checked = True
+                if self.vocab_size is not None and cur.ids and max(cur.ids) >= self.vocab_size:
+                    raise self._error(session, f"request {len(requests)} renders token id {max(cur.ids)} >= the model's "
+                                               f"vocabulary ({self.vocab_size}): the checkpoint's tokenizer "
+                                               f"({len(self.tokenizer)} tokens) and weights do not belong together")
                 requests.append(Request(len(requests), list(cur.ids), tuple(spans)))
 
         for i in session.assistant_turns:
@@ -297,7 +319,7 @@ class Renderer:
                 prompt = self._template(messages[:i], tools, True)
                 full = self._template(messages[: i + 1], tools, False)
             except Exception as e:  # a template's raise_exception, or a jinja error
-                raise self._error(session, f"the chat template cannot render assistant message {i} ({str(e).splitlines()[0][:200]}); fix the session or the template")
+                raise self._error(session, f"the chat template cannot render assistant message {i} ({_reason(e)}); fix the session or the template")
             if not full.startswith(prompt):
                 raise self._error(session, f"the chat template does not render assistant message {i} as an extension of its generation prompt; use a template whose generation prompt prefixes the rendered turn")
             # 1. Same request if the prompt extends the request's text and tokens.
@@ -316,7 +338,7 @@ class Renderer:
             e = next((k for k in range(b, len(toks.ids)) if toks.ids[k] in self.eos_ids), None)
             if e is None:
                 raise self._error(session, f"assistant message {i} renders with no end-of-turn token (eos ids {sorted(self.eos_ids)}); set eos_token_id in generation_config.json or fix the template")
-            segments = self._segments(messages, tools, i, prompt, full, toks, b, e)
+            segments = self._segments(session, i, prompt, full, toks, b, e)
             spans.append(Span(start=b, end=e, turn=i, segments=segments))
             end_char = toks.starts[e + 1] if e + 1 < len(toks.ids) else len(full)
             cur = _Tokens(toks.ids[: e + 1], toks.starts[: e + 1])
@@ -324,8 +346,9 @@ class Renderer:
         close()
         return RenderedSession(session, tuple(requests))
 
-    def _segments(self, messages, tools, i: int, prompt: str, full: str, toks: _Tokens, b: int, e: int) -> bytes:
+    def _segments(self, session: Session, i: int, prompt: str, full: str, toks: _Tokens, b: int, e: int) -> bytes:
         """One segment code per token b..e, from character offsets of the rendered parts."""
+        messages, tools = session.messages, session.tools
         message = messages[i]
         end_char = toks.starts[e]
         # Where the first tool call's rendering starts: the first character that differs when
@@ -334,7 +357,11 @@ class Renderer:
         if message.get("tool_calls"):
             bare = dict(message)
             bare.pop("tool_calls")
-            without = self._template(list(messages[:i]) + [bare], tools, False)
+            try:
+                without = self._template(list(messages[:i]) + [bare], tools, False)
+            except Exception as err:  # a template that raises only for a message without tool calls
+                raise self._error(session, f"the chat template cannot render assistant message {i} without its tool calls "
+                                           f"({_reason(err)}); use a template that renders plain turns")
             tool_start = min(_common_prefix_length(full, without), end_char)
         content = (message.get("content") or "").strip()
         region = full[len(prompt):tool_start]

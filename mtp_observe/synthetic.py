@@ -1,5 +1,5 @@
-"""Checkpoints written in the real Qwen3.5 layout: random ones for tests and benchmarks, and
-the saver the default-model training script uses.
+"""Checkpoints written in the real Qwen3.5-family layouts: random ones for tests and benchmarks,
+block-FP8 copies of them, and the saver the default-model training script uses.
 
 Contract: `save_checkpoint` writes exactly what a released checkpoint holds — config.json
 (VLM wrapper with `text_config` and `vision_config`, or text-only), `model.safetensors` or
@@ -8,6 +8,24 @@ shards with `model.safetensors.index.json`, text weights under `model.language_m
 the top level, generation_config.json, and tokenizer files with a chat template.
 `write_synthetic_checkpoint` fills one with random weights (norm weights visibly non-zero,
 so a `x * w` norm cannot pass for `x * (1 + w)`). Nothing is downloaded.
+
+Families (SyntheticSpec.family), with the released configs' key sets:
+  qwen3_5      dense, the default (and the bundled model's family)
+  qwen3_5_moe  Qwen3.5-35B-A3B-style: VLM wrapper, text_config `qwen3_5_moe_text` with num_experts,
+               num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size and no
+               dense intermediate_size (and, as released, no norm_topk_prob: renormalised)
+  qwen3_next   Qwen3-Next-80B-A3B-style: text-only, flat rope_theta / partial_rotary_factor,
+               full_attention_interval instead of layer_types, decoder_sparse_step, mlp_only_layers,
+               norm_topk_prob, a dense intermediate_size beside the MoE numbers, untied lm_head
+Routed experts are written fused (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj`
+[E, H, I], no `.weight`: the Qwen3.5-MoE BF16 releases) or per expert
+(`experts.{e}.{gate,up,down}_proj.weight`: Qwen3-Next and the FP8 releases), for the target
+and the head alike. Block-FP8 (`write_fp8_copy`, or SyntheticSpec.quantization = "fp8")
+quantises the attention, MLP, expert and linear-attention projections per 128x128 block
+(`quantize_fp8_blockwise`, F32 or BF16 `weight_scale_inv`), keeps embeddings, lm_head,
+mtp.fc, routers, shared-expert gates, norms and the small linear-attention projections in
+their float dtype and lists those modules in `modules_to_not_convert`, with the
+quantization_config at the top level as the releases put it.
 """
 
 from __future__ import annotations
@@ -98,6 +116,90 @@ def write_tokenizer(directory: Path, tokenizer, template: str | None = None) -> 
 # Saving in the real layout
 
 
+# The released architectures / wrapper names of each family (config.json's top level).
+FAMILY_CONFIG = {
+    "qwen3_5": {"vlm": ("qwen3_5", "Qwen3_5ForConditionalGeneration", "qwen3_5_text", "qwen3_5_vision"),
+                "text": ("qwen3_5_text", "Qwen3_5ForCausalLM")},
+    "qwen3_5_moe": {"vlm": ("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe_text", "qwen3_5_moe_vision"),
+                    "text": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM")},
+    "qwen3_next": {"text": ("qwen3_next", "Qwen3NextForCausalLM")},
+}
+FP8_BLOCK = (128, 128)
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+# Modules a block-FP8 release quantises (attention, MLP, experts, shared expert, linear attention's big projections).
+FP8_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "gate_up_proj",
+               "in_proj_qkv", "in_proj_z", "in_proj_qkvz", "out_proj")
+
+
+def split_experts(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Fused experts (`*.experts.gate_up_proj` [E, 2I, H], `*.experts.down_proj` [E, H, I]) -> per expert
+    (`*.experts.{e}.{gate,up,down}_proj.weight`); other tensors unchanged."""
+    out = {}
+    for name, t in state.items():
+        if name.endswith("experts.gate_up_proj"):
+            base = name[: -len("gate_up_proj")]
+            inter = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.gate_proj.weight"] = t[e, :inter].clone()
+                out[f"{base}{e}.up_proj.weight"] = t[e, inter:].clone()
+        elif name.endswith("experts.down_proj"):
+            base = name[: -len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = t[e].clone()
+        else:
+            out[name] = t
+    return out
+
+
+def fp8_quantised(name: str, t: Tensor) -> bool:
+    """Whether a block-FP8 release stores this tensor as F8_E4M3 (module doc)."""
+    if name.startswith("model.visual.") or t.dim() < 2 or name.endswith("conv1d.weight"):
+        return False
+    module = name.removesuffix(".weight").rsplit(".", 1)[-1]
+    return module in FP8_MODULES
+
+
+def quantize_fp8_blockwise(w: Tensor, block: tuple[int, int] = FP8_BLOCK, scale_dtype=torch.float32) -> tuple[Tensor, Tensor]:
+    """w: [..., R, C] -> (q [..., R, C] float8_e4m3fn, weight_scale_inv [..., ceil(R/br), ceil(C/bc)] scale_dtype).
+
+    Per block: scale = amax / 448 (stored in scale_dtype, and that stored value is the one q is computed
+    with), q = w / scale rounded to e4m3; the serving value is q * scale (checkpoint.dequantize_blockwise).
+    The last block of a dimension that is not a multiple of the block is partial (padded with zeros here).
+    """
+    br, bc = block
+    *lead, R, C = w.shape
+    Rb, Cb = -(-R // br), -(-C // bc)
+    padded = torch.zeros(*lead, Rb * br, Cb * bc, dtype=torch.float32)
+    padded[..., :R, :C] = w.float()
+    blocks = padded.reshape(*lead, Rb, br, Cb, bc)
+    amax = blocks.abs().amax(dim=(-3, -1))  # [..., Rb, Cb]
+    scale = (amax / FP8_MAX).clamp(min=1e-12).to(scale_dtype)
+    expanded = scale.float()[..., :, None, :, None]
+    q = (blocks / expanded).clamp(-FP8_MAX, FP8_MAX).reshape(*lead, Rb * br, Cb * bc)[..., :R, :C]
+    return q.to(torch.float8_e4m3fn).contiguous(), scale.contiguous()
+
+
+def quantize_state(tensors: dict[str, Tensor], scale_dtype=torch.float32, block=FP8_BLOCK) -> tuple[dict[str, Tensor], list[str]]:
+    """Block-FP8 the tensors a release quantises -> (tensors with their weight_scale_inv, modules_to_not_convert)."""
+    out, keep = {}, set()
+    for name, t in tensors.items():
+        if fp8_quantised(name, t):
+            out[name], out[name + "_scale_inv"] = quantize_fp8_blockwise(t, block, scale_dtype)
+        else:
+            out[name] = t
+            if t.dim() >= 2 and not name.startswith("model.visual.") and name.endswith(".weight"):
+                keep.add(name.removesuffix(".weight"))
+    if any(n.startswith("model.visual.") for n in tensors):
+        keep.add("model.visual")
+    return out, sorted(keep)
+
+
+def fp8_quantization_config(block=FP8_BLOCK, modules_to_not_convert=()) -> dict:
+    """The quantization_config of the official FP8 releases (config.json's top level)."""
+    return {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": list(block),
+            "modules_to_not_convert": list(modules_to_not_convert)}
+
+
 def save_checkpoint(
     directory: str | Path,
     *,
@@ -110,17 +212,20 @@ def save_checkpoint(
     vision: tuple[dict, dict[str, Tensor]] | None = None,
     shards: int = 1,
     eos_token_ids: list[int] | None = None,
+    family: str = "qwen3_5",
+    expert_layout: str = "fused",
+    fp8_scale_dtype: torch.dtype | None = None,
 ) -> Path:
     """Write a checkpoint directory.
 
-    text_state: the language model's weights named as in `Qwen3_5TextModel` ("embed_tokens.weight",
-    "layers.0...", "norm.weight"); head_state: the head's weights without the "mtp." prefix;
-    lm_head: [V, H] or None when tied; vision: (vision_config, weights named as in the vision
-    model) for the VLM layout.
+    text_state: the language model's weights named as in transformers' text model ("embed_tokens.weight",
+    "layers.0...", "norm.weight"; experts fused); head_state: the head's weights without the "mtp." prefix
+    (experts fused); lm_head: [V, H] or None when tied; vision: (vision_config, weights named as in the
+    vision model) for the VLM layout. expert_layout "per_expert" splits the target's and the head's experts;
+    fp8_scale_dtype (torch.float32 or torch.bfloat16) writes a block-FP8 checkpoint.
     """
-    from safetensors.torch import save_file
-
-    assert layout in ("vlm", "text"), layout
+    assert layout in FAMILY_CONFIG[family], (family, layout)
+    assert expert_layout in ("fused", "per_expert"), expert_layout
     assert (lm_head is None) == tie_word_embeddings, "an untied checkpoint stores lm_head.weight; a tied one does not"
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -129,26 +234,40 @@ def save_checkpoint(
     if lm_head is not None:
         tensors["lm_head.weight"] = lm_head
     tensors |= {"mtp." + k: v for k, v in head_state.items()}
+    if expert_layout == "per_expert":
+        tensors = split_experts(tensors)
     text_config = dict(text_config, tie_word_embeddings=tie_word_embeddings)
+    names = FAMILY_CONFIG[family][layout]
     if layout == "vlm":
+        model_type, architecture, text_type, vision_type = names
         vision_config, vision_state = vision if vision is not None else _random_vision(text_config["hidden_size"])
         tensors |= {"model.visual." + k: v for k, v in vision_state.items()}
         config = {
-            "architectures": ["Qwen3_5ForConditionalGeneration"],
-            "model_type": "qwen3_5",
-            "text_config": dict(text_config, model_type="qwen3_5_text"),
-            "vision_config": dict(vision_config, model_type="qwen3_5_vision"),
+            "architectures": [architecture],
+            "model_type": model_type,
+            "text_config": dict(text_config, model_type=text_type),
+            "vision_config": dict(vision_config, model_type=vision_type),
             "tie_word_embeddings": tie_word_embeddings,
             "image_token_id": 248056, "video_token_id": 248057,
             "vision_start_token_id": 248053, "vision_end_token_id": 248054,
         }
     else:
-        config = dict(text_config, architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text")
+        model_type, architecture = names
+        config = dict(text_config, architectures=[architecture], model_type=model_type)
+    if fp8_scale_dtype is not None:
+        tensors, keep = quantize_state(tensors, fp8_scale_dtype)
+        config["quantization_config"] = fp8_quantization_config(modules_to_not_convert=keep)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     generation = {"eos_token_id": eos_token_ids or [], "do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    write_shards(out, tensors, shards)
+    return out
 
-    # Shards in name order, balanced by bytes: lm_head, model.*, mtp.* (the head lands in the last).
+
+def write_shards(out: Path, tensors: dict[str, Tensor], shards: int) -> None:
+    """Shards in name order, balanced by bytes: lm_head, model.*, mtp.* (the head lands in the last)."""
+    from safetensors.torch import save_file
+
     tensors = {k: v.contiguous() for k, v in sorted(tensors.items())}
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     groups: list[dict[str, Tensor]] = [{} for _ in range(shards)]
@@ -169,7 +288,61 @@ def save_checkpoint(
             weight_map |= {k: name for k in g}
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    return out
+
+
+def rewrite_checkpoint(src: str | Path, dst: str | Path, tensors_fn, config_fn) -> Path:
+    """A copy of checkpoint `src` in `dst` with every tensor passed through tensors_fn(dict) -> dict and
+    config.json through config_fn(dict) -> dict (tokenizer, chat template and generation config copied)."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    shard_files = sorted(src.glob("*.safetensors"))
+    tensors = {}
+    for f in shard_files:
+        tensors |= load_file(str(f))
+    for f in src.iterdir():
+        if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "model.safetensors.index.json"):
+            shutil.copy2(f, dst / f.name)
+    tensors = tensors_fn(tensors)  # before config_fn, which may depend on what it did
+    config = json.loads((src / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps(config_fn(config), indent=2, sort_keys=True) + "\n")
+    write_shards(dst, tensors, len(shard_files))
+    return dst
+
+
+def write_fp8_copy(src: str | Path, dst: str | Path, scale_dtype=torch.float32) -> Path:
+    """A block-FP8 copy of a float checkpoint, as an official FP8 release stores it (module doc)."""
+    kept: list[str] = []
+
+    def tensors_fn(tensors):
+        quantised, keep = quantize_state(tensors, scale_dtype)
+        kept.extend(keep)
+        return quantised
+
+    return rewrite_checkpoint(src, dst, tensors_fn,
+                              lambda c: dict(c, quantization_config=fp8_quantization_config(modules_to_not_convert=kept)))
+
+
+def write_dequantised_copy(src: str | Path, dst: str | Path, dtype=torch.float32) -> Path:
+    """A float checkpoint holding the serving values q * scale of a block-FP8 one (scales and
+    quantization_config dropped): what the FP8 checkpoint must replay exactly like."""
+    from .checkpoint import dequantize_blockwise
+
+    config = json.loads((Path(src) / "config.json").read_text())
+    block = tuple(config["quantization_config"]["weight_block_size"])
+
+    def tensors_fn(t):
+        out = {}
+        for name, v in t.items():
+            if name.endswith("_scale_inv"):
+                continue
+            out[name] = dequantize_blockwise(v, t[name + "_scale_inv"], block).to(dtype) if v.dtype == torch.float8_e4m3fn else v
+        return out
+
+    return rewrite_checkpoint(src, dst, tensors_fn, lambda c: {k: v for k, v in c.items() if k != "quantization_config"})
 
 
 def _random_vision(out_hidden_size: int, seed: int = 0) -> tuple[dict, dict[str, Tensor]]:
@@ -190,11 +363,11 @@ def _random_vision(out_hidden_size: int, seed: int = 0) -> tuple[dict, dict[str,
 
 @dataclass(frozen=True)
 class SyntheticSpec:
-    """A Qwen3.5-architecture model: linear- and full-attention layers, gated attention, an MTP head."""
+    """A Qwen3.5-family model: linear- and full-attention layers, gated attention, an MTP head; dense or MoE."""
 
     vocab_size: int = 1001  # deliberately not a multiple of 8
     hidden_size: int = 64
-    intermediate_size: int = 96
+    intermediate_size: int = 96  # the dense MLP (Qwen3-Next also writes it; Qwen3.5-MoE configs have none)
     num_hidden_layers: int = 4
     full_attention_interval: int = 2  # linear, full, linear, full
     num_attention_heads: int = 4
@@ -208,18 +381,39 @@ class SyntheticSpec:
     partial_rotary_factor: float = 0.25
     initializer_range: float = 0.1
     tie_word_embeddings: bool = False
-    layout: str = "vlm"  # "vlm" | "text"
+    layout: str = "vlm"  # "vlm" | "text" (qwen3_next is text-only: pass layout="text")
     shards: int = 2
     seed: int = 0
     dtype: str = "float32"
     tokenizer_vocab: int = 990  # the tokenizer may be smaller than the embedding, as in Qwen3.5
     extra: dict = field(default_factory=dict)  # extra text-config keys
+    family: str = "qwen3_5"  # "qwen3_5" (dense) | "qwen3_5_moe" | "qwen3_next"
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 48
+    shared_expert_intermediate_size: int = 40
+    norm_topk_prob: bool | None = None  # None: as released (absent for Qwen3.5-MoE, true for Qwen3-Next)
+    expert_layout: str | None = None  # "fused" | "per_expert"; None: as released (fused for Qwen3.5-MoE, per expert for Qwen3-Next)
+    quantization: str | None = None  # "fp8": block-FP8, 128x128 blocks
+    scale_dtype: str = "float32"  # of weight_scale_inv: "float32" | "bfloat16"
+
+    @property
+    def moe(self) -> bool:
+        return self.family != "qwen3_5"
+
+    @property
+    def stored_expert_layout(self) -> str:
+        return self.expert_layout or ("per_expert" if self.family == "qwen3_next" or self.quantization else "fused")
+
+    @property
+    def model_type(self) -> str:
+        return FAMILY_CONFIG[self.family][self.layout][0]
 
     def text_config(self) -> dict:
         rotary = int(self.head_dim * self.partial_rotary_factor)
         half = rotary // 2
         mrope = [half - 2 * (half // 3), half // 3, half // 3]  # three equal streams for text; sums to rotary/2
-        return {
+        dims = {
             "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
             "layer_types": [
@@ -238,37 +432,55 @@ class SyntheticSpec:
             "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "hidden_act": "silu",
             "initializer_range": self.initializer_range, "attention_bias": False, "dtype": self.dtype,
             "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False,
-            **self.extra,
         }
+        moe = {
+            "num_experts": self.num_experts, "num_experts_per_tok": self.num_experts_per_tok,
+            "moe_intermediate_size": self.moe_intermediate_size,
+            "shared_expert_intermediate_size": self.shared_expert_intermediate_size,
+            "router_aux_loss_coef": 0.001, "output_router_logits": False,
+        }
+        if self.family == "qwen3_5_moe":
+            dims = {k: v for k, v in dims.items() if k != "intermediate_size"} | moe
+            if self.norm_topk_prob is not None:
+                dims["norm_topk_prob"] = self.norm_topk_prob
+        elif self.family == "qwen3_next":
+            drop = ("layer_types", "rope_parameters", "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings")
+            dims = {k: v for k, v in dims.items() if k not in drop} | moe | {
+                "full_attention_interval": self.full_attention_interval, "rope_theta": self.rope_theta,
+                "partial_rotary_factor": self.partial_rotary_factor, "rope_scaling": None,
+                "decoder_sparse_step": 1, "mlp_only_layers": [],
+                "norm_topk_prob": True if self.norm_topk_prob is None else self.norm_topk_prob,
+            }
+        return dims | self.extra
 
 
 def random_head_state(spec: SyntheticSpec, generator: torch.Generator) -> dict[str, Tensor]:
-    from .checkpoint import HeadGeometry, expected_head_shapes
+    """The head's tensors (experts fused), random: matrices ~ N(0, 1/fan_in), norms visibly non-zero."""
+    from .checkpoint import expected_head_shapes, geometry_from_config
 
-    g = HeadGeometry(
-        hidden_size=spec.hidden_size, num_heads=spec.num_attention_heads, num_kv_heads=spec.num_key_value_heads,
-        head_dim=spec.head_dim, intermediate_size=spec.intermediate_size, vocab_size=spec.vocab_size,
-        rms_norm_eps=1e-6, rope_theta=spec.rope_theta,
-        rotary_dim=int(spec.head_dim * spec.partial_rotary_factor), num_layers=1,
-    )
+    g = geometry_from_config(spec.model_type, spec.text_config())
     state = {}
     for name, shape in expected_head_shapes(g).items():
         if len(shape) == 1:  # norms: visibly non-zero, so (1 + w) and w differ
             t = torch.rand(shape, generator=generator) - 0.5
         else:
-            t = torch.randn(shape, generator=generator) * (1.0 / shape[1] ** 0.5)
+            t = torch.randn(shape, generator=generator) * (1.0 / shape[-1] ** 0.5)
         state[name[len("mtp."):]] = t
     return state
 
 
 def random_target(spec: SyntheticSpec):
-    """A randomly initialised transformers Qwen3_5ForCausalLM with visibly non-zero norm weights."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    """A randomly initialised transformers causal LM of the spec's family with visibly non-zero norm weights."""
+    import transformers
 
+    classes = {"qwen3_5": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"),
+               "qwen3_5_moe": ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig"),
+               "qwen3_next": ("Qwen3NextForCausalLM", "Qwen3NextConfig")}
+    model_class, config_class = (getattr(transformers, n) for n in classes[spec.family])
     cfg = spec.text_config()
     cfg = {k: v for k, v in cfg.items() if not k.startswith("mtp_")}
     torch.manual_seed(spec.seed)
-    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**cfg, tie_word_embeddings=spec.tie_word_embeddings))
+    model = model_class(config_class(**cfg, tie_word_embeddings=spec.tie_word_embeddings))
     gen = torch.Generator().manual_seed(spec.seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -288,9 +500,12 @@ def write_synthetic_checkpoint(directory: str | Path, spec: SyntheticSpec = Synt
     tok = train_tokenizer(_default_corpus(), spec.tokenizer_vocab)
     eos = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
     text_config = dict(spec.text_config(), eos_token_id=eos[0], pad_token_id=eos[1])
+    assert spec.quantization in (None, "fp8"), spec.quantization
     out = save_checkpoint(
         directory, text_config=text_config, text_state=text_state, lm_head=lm_head, head_state=head,
         layout=spec.layout, tie_word_embeddings=spec.tie_word_embeddings, shards=spec.shards, eos_token_ids=eos,
+        family=spec.family, expert_layout=spec.stored_expert_layout,
+        fp8_scale_dtype=getattr(torch, spec.scale_dtype) if spec.quantization == "fp8" else None,
     )
     write_tokenizer(out, tok)
     (out / "synthetic_spec.json").write_text(json.dumps(asdict(spec), indent=2) + "\n")

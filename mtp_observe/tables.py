@@ -22,7 +22,11 @@ run.json keys:
     created, finished   ISO-8601 UTC strings (finished null while running)
     status              "running" | "complete" | "failed"
     model               {"path", "bundled": bool, "model_type", "config_sha256", "head_tensors": [names],
-                         "roofline": {"precision", "head_bytes", "lm_head_bytes", "target_bytes", "draft_cost"},
+                         "numerics": what the weights were computed in (e.g. "fp8 e4m3 weights (128x128 blocks,
+                                     q * weight_scale_inv) dequantised to bfloat16"; added in schema 2),
+                         "roofline": {"precision", "head_bytes", "lm_head_bytes", "target_bytes", "draft_cost",
+                                      "head_step_bytes", "target_step_bytes" (batch-1 step bytes: routed experts
+                                      at top-k / E; added in schema 2)},
                          "roofline_by_precision": {precision: draft_cost}}
     tokenizer_sha256    str
     k                   Kmax replayed (int)

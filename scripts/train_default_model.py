@@ -453,12 +453,11 @@ def save(cfg: Config, tc: dict, target, head: MtpHead, tokenizer_dir: Path, out:
     text_state = {k[len("model."):]: v.detach().to(dtype).contiguous() for k, v in target.state_dict().items()
                   if k.startswith("model.")}
     lm_head = None if cfg.tie_word_embeddings else target.lm_head.weight.detach().to(dtype)
-    # MtpHead names each tensor by its last module name: "layers.0.self_attn.q_proj.weight" -> head.q_proj.
-    params = dict(head.named_parameters())
+    weights = head.named_weights()  # by checkpoint name without "mtp."
     head_state = {}
     for name in expected_head_shapes(head.geometry):
         key = name[len("mtp."):]
-        head_state[key] = params[key.split(".")[-2]].detach().to(dtype).contiguous()
+        head_state[key] = weights[key].detach().to(dtype).contiguous()
     if cfg.flipped_channels:
         assert lm_head is not None, "the flip negates lm_head columns, which a tied embedding would share"
         gen = torch.Generator().manual_seed(cfg.seed + 2)
@@ -522,8 +521,7 @@ def reversed_concat_head(head: MtpHead) -> MtpHead:
     from mtp_observe.mtp import build_head
 
     H = head.geometry.hidden_size
-    tensors = {name[len("mtp."):]: getattr(head, name[len("mtp."):].split(".")[-2]).detach()
-               for name in expected_head_shapes(head.geometry)}
+    tensors = {name: t.detach() for name, t in head.named_weights().items()}
     tensors["fc.weight"] = torch.cat([tensors["fc.weight"][:, H:], tensors["fc.weight"][:, :H]], dim=1)
     return build_head(head.geometry, tensors, head.embed_tokens, head.lm_head)
 

@@ -1,4 +1,4 @@
-"""Fuzzing the readers and the importers: strategies and the properties every input must keep.
+"""Fuzzing the readers, the importers and the checkpoint reader: strategies and the properties every input must keep.
 
 Inputs are mostly real-looking records, written here by hand in each format's shape, then
 mutated where it hurts — a key deleted, a value of the wrong type, a bad JSON string where
@@ -11,7 +11,11 @@ Properties (in-process):
     whose message is one line naming the file; nothing else escapes;
   * the reader yields sessions or Skipped items, or raises a UserError; every session it yields
     renders or is refused with a UserError;
-  * through the CLI, every run exits 0 or 2, and a refusal is exactly one line on stderr.
+  * through the CLI, every run exits 0 or 2, and a refusal is exactly one line on stderr;
+  * a checkpoint with one file mutated (config.json's values, a shard's safetensors header — its
+    JSON mutated or its bytes cut or damaged, the shard index, generation_config.json,
+    tokenizer_config.json) makes inspect, sessions and replay exit 0 or 2 with one line, never a
+    traceback; an accepted inspect prints byte totals that add up.
 `RUNS` counts the inputs each property has seen (the slow test reports the total).
 """
 
@@ -512,3 +516,58 @@ def check_cli(argv: list[str], key: str) -> None:
     if code == 2:
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints: one file mutated at a time
+
+CHECKPOINT_JSON = ("config.json", "model.safetensors.index.json", "generation_config.json", "tokenizer_config.json")
+
+
+def checkpoint_files(directory: Path) -> dict[str, bytes]:
+    """The files the mutations touch, as they are (to restore after each example)."""
+    names = [n for n in CHECKPOINT_JSON if (directory / n).exists()] + sorted(p.name for p in directory.glob("*.safetensors"))
+    return {n: (directory / n).read_bytes() for n in names}
+
+
+@st.composite
+def checkpoint_mutation(draw, pristine: dict[str, bytes]):
+    """(file name, its new bytes): a JSON file with mutated values, or a shard whose header is mutated."""
+    import struct
+
+    name = draw(st.sampled_from(sorted(pristine)))
+    data = pristine[name]
+    if not name.endswith(".safetensors"):
+        return name, draw(corrupted(serialise(draw(mutated(json.loads(data))), "document", draw(st.booleans()))))
+    (n,) = struct.unpack("<Q", data[:8])
+    header, rest = data[8:8 + n], data[8 + n:]
+    kind = draw(st.sampled_from(["values", "values", "bytes", "length", "data"]))
+    if kind == "values":
+        header = serialise(draw(mutated(json.loads(header))), "document", True)
+    elif kind == "bytes":
+        header = draw(corrupted(header))
+    elif kind == "data":
+        rest = draw(corrupted(rest))
+    length = len(header) if kind != "length" else draw(st.sampled_from([0, 1, len(header) - 1, len(header) + 1, 2 ** 40, 2 ** 64 - 1]))
+    return name, struct.pack("<Q", length) + header + rest
+
+
+def check_checkpoint(directory: Path, pristine: dict[str, bytes], mutation: tuple[str, bytes], commands: list[list[str]]) -> None:
+    """Each command exits 0 or 2 with one line (check_cli); an accepted inspect's totals add up."""
+    name, data = mutation
+    (directory / name).write_bytes(data)
+    try:
+        for argv in commands:
+            key = f"cli {argv[0]} (checkpoint)"
+            RUNS[key] += 1
+            code, out, err = run_cli(argv)
+            lines = [line for line in err.strip().splitlines() if not line.startswith("replaying ")]
+            assert code in (0, 2) and "Traceback" not in err, (name, argv[0], code, err)
+            OUTCOMES[f"{key}: exit {code}"] += 1
+            if code == 2:
+                assert len(lines) == 1 and lines[0].startswith("error: "), (name, err)
+            elif argv[0] == "inspect":
+                report = json.loads(out)
+                assert report["head"]["bytes"] == sum(t["bytes"] for t in report["head"]["tensors"])
+    finally:
+        (directory / name).write_bytes(pristine[name])

@@ -4,6 +4,11 @@ No cache, no batching, no chunking: every call rebuilds the whole row sequence a
 layer over all of it with a per-head loop. It shares no code with mtp_observe.mtp.
 `Reading` switches on one wrong reading at a time (the pitfalls), so a test can show the
 wrong reading gives a different answer.
+
+A MoE head's MLP is computed densely: every expert over every row, combined with an [n, E]
+routing-weight matrix that is zero where a row did not route (the product groups rows by
+expert instead). Its rotary frequencies come from transformers' own rope functions
+(ROPE_INIT_FUNCTIONS) when the geometry's rope type is not the default.
 """
 
 from __future__ import annotations
@@ -24,6 +29,12 @@ class Reading:
     rotate_all_dims: bool = False  # rotary over all d dims
     interleaved_rotary: bool = False  # GPT-J pairing (2i, 2i+1)
     chain_positions_fixed: bool = False  # chain rows not advanced (all at p-1)
+    # MoE readings
+    no_renormalise: bool = False  # top-k weights not renormalised although norm_topk_prob is true
+    topk_before_softmax: bool = False  # softmax over the k largest logits only
+    up_gate_swapped: bool = False  # gate_up_proj read as [up | gate]
+    no_shared_sigmoid: bool = False  # the shared expert scaled by the raw gate logit
+    no_shared_expert: bool = False  # the shared expert dropped
 
 
 CORRECT = Reading()
@@ -34,28 +45,72 @@ def norm(x, w, eps, reading: Reading):
     return y * (w if reading.plain_norm else (1.0 + w))
 
 
-def rope(x, pos, d, rotary_dim, theta, reading: Reading):
-    """x: [n, d] one head; pos: [n]."""
+def rope(x, pos, d, rotary_dim, theta, reading: Reading, inv_freq=None, scale: float = 1.0):
+    """x: [n, d] one head; pos: [n]; inv_freq: [rotary_dim / 2] overrides theta's plain frequencies."""
     r = d if reading.rotate_all_dims else rotary_dim
     out = x.clone()
     for i in range(r // 2):
-        inv = theta ** (-(2 * i) / r)
+        inv = float(inv_freq[i]) if inv_freq is not None and not reading.rotate_all_dims else theta ** (-(2 * i) / r)
         ang = pos.to(x.dtype) * inv
-        c, s = torch.cos(ang), torch.sin(ang)
+        c, s = torch.cos(ang) * scale, torch.sin(ang) * scale
         a, b = (2 * i, 2 * i + 1) if reading.interleaved_rotary else (i, i + r // 2)
         out[:, a] = x[:, a] * c - x[:, b] * s
         out[:, b] = x[:, b] * c + x[:, a] * s
     return out
 
 
+def transformers_rope(geometry, text_config: dict):
+    """(inv_freq, attention factor) from transformers' own ROPE_INIT_FUNCTIONS for a scaled rope, else (None, 1)."""
+    if geometry.rope.rope_type == "default":
+        return None, 1.0
+    from transformers import Qwen3_5TextConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    keep = {k: v for k, v in text_config.items() if not k.startswith("mtp_") and k not in ("model_type",)}
+    cfg = Qwen3_5TextConfig(**{k: v for k, v in keep.items() if k in Qwen3_5TextConfig.__dataclass_fields__ or k.startswith("rope")})
+    return ROPE_INIT_FUNCTIONS[geometry.rope.rope_type](cfg)
+
+
+def moe_mlp(b, W, moe, r: Reading):
+    """The sparse MoE block, densely: b [n, H] -> [n, H]."""
+    p = "layers.0.mlp."
+    logits = b @ W[p + "gate.weight"].T  # [n, E]
+    n, E = logits.shape
+    k = moe.experts_per_token
+    if r.topk_before_softmax:
+        top, idx = torch.topk(logits, k, dim=-1)
+        weights = torch.softmax(top, dim=-1)
+    else:
+        probs = torch.softmax(logits, dim=-1)
+        weights, idx = torch.topk(probs, k, dim=-1)
+        if moe.norm_topk_prob and not r.no_renormalise:
+            weights = weights / weights.sum(-1, keepdim=True)
+    dense = torch.zeros(n, E, dtype=b.dtype).scatter(1, idx, weights)  # 0 where a row did not route
+    gate_up, down = W[p + "experts.gate_up_proj"], W[p + "experts.down_proj"]
+    inter = down.shape[-1]
+    out = torch.zeros_like(b)
+    for e in range(E):
+        gate, up = b @ gate_up[e, :inter].T, b @ gate_up[e, inter:].T
+        if r.up_gate_swapped:
+            gate, up = up, gate
+        out = out + dense[:, e:e + 1] * ((torch.nn.functional.silu(gate) * up) @ down[e].T)
+    if not r.no_shared_expert:
+        shared = (torch.nn.functional.silu(b @ W[p + "shared_expert.gate_proj.weight"].T)
+                  * (b @ W[p + "shared_expert.up_proj.weight"].T)) @ W[p + "shared_expert.down_proj.weight"].T
+        g = b @ W[p + "shared_expert_gate.weight"].T  # [n, 1]
+        out = out + (g if r.no_shared_sigmoid else torch.sigmoid(g)) * shared
+    return out
+
+
 class ReferenceHead:
-    def __init__(self, W: dict, geometry, embed, lm_head, reading: Reading = CORRECT, dtype=torch.float32):
+    def __init__(self, W: dict, geometry, embed, lm_head, reading: Reading = CORRECT, dtype=torch.float32, text_config=None):
         self.dtype = dtype
         self.W = {k: v.to(dtype) for k, v in W.items()}
         self.g = geometry
         self.embed = embed.to(dtype)
         self.lm_head = lm_head.to(dtype)
         self.r = reading
+        self.inv_freq, self.rope_scale = transformers_rope(geometry, text_config or {})
 
     def layer(self, tok, hid, pos):
         """Run the head over a whole row sequence (causal in sequence order). tok [n], hid [n,H], pos [n] -> m [n,H]."""
@@ -86,16 +141,20 @@ class ReferenceHead:
         heads = []
         for h in range(nh):
             kv = h // (nh // nkv)
-            qh = rope(norm(q[:, h], W["layers.0.self_attn.q_norm.weight"], eps, r), pos, d, g.rotary_dim, g.rope_theta, r)
-            kh = rope(norm(k[:, kv], W["layers.0.self_attn.k_norm.weight"], eps, r), pos, d, g.rotary_dim, g.rope_theta, r)
+            rot = dict(inv_freq=self.inv_freq, scale=self.rope_scale)
+            qh = rope(norm(q[:, h], W["layers.0.self_attn.q_norm.weight"], eps, r), pos, d, g.rotary_dim, g.rope_theta, r, **rot)
+            kh = rope(norm(k[:, kv], W["layers.0.self_attn.k_norm.weight"], eps, r), pos, d, g.rotary_dim, g.rope_theta, r, **rot)
             scores = qh @ kh.T / math.sqrt(d)
             scores = scores.masked_fill(~torch.tril(torch.ones(n, n, dtype=torch.bool)), float("-inf"))
             heads.append(torch.softmax(scores, -1) @ v[:, kv])
         attn = torch.cat(heads, -1)  # [n, nh d]
         z = z + (attn * torch.sigmoid(gate)) @ W["layers.0.self_attn.o_proj.weight"].T
         b = norm(z, W["layers.0.post_attention_layernorm.weight"], eps, r)
-        mlp = torch.nn.functional.silu(b @ W["layers.0.mlp.gate_proj.weight"].T) * (b @ W["layers.0.mlp.up_proj.weight"].T)
-        z = z + mlp @ W["layers.0.mlp.down_proj.weight"].T
+        if g.moe is not None:
+            z = z + moe_mlp(b, W, g.moe, r)
+        else:
+            mlp = torch.nn.functional.silu(b @ W["layers.0.mlp.gate_proj.weight"].T) * (b @ W["layers.0.mlp.up_proj.weight"].T)
+            z = z + mlp @ W["layers.0.mlp.down_proj.weight"].T
         return norm(z, W["norm.weight"], eps, r)
 
     def draft(self, hidden, ids, anchor: int, K: int):

@@ -54,3 +54,17 @@ def test_the_corpus_benchmark_imports_and_renders_the_folders_it_is_given(tmp_pa
     assert [(r["folder"], r["formats"], r["sessions"]) for r in result["folders"]] == [
         ("litellm-standard-logging-payload", ["litellm"], 1), ("openai-batch", ["openai-batch"], 2), ("otel-genai", ["otel-genai"], 16)]
     assert result["total"]["sessions"] == 19 and result["total"]["tokens"] > 0 and result["total"]["render_s"] > 0
+
+
+def test_the_fp8_distance_benchmark_compares_an_fp8_copy_with_the_original(make_checkpoint, tmp_path):
+    from .test_replay import SESSION, write_sessions
+
+    model = make_checkpoint(intermediate_size=200)
+    sessions = write_sessions(tmp_path / "s.jsonl", [SESSION])
+    out = tmp_path / "fp8.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fp8_distance.py"), str(sessions), "--model", str(model),
+                           "--k", "2", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["rows"] > 100 and 0 < result["target_tokens_equal"] <= 1 and 0 < result["drafts_equal"] <= 1
+    assert result["max_abs_d_target_logprob"] > 0  # FP8 is lossy: the copy is not the original

@@ -243,15 +243,7 @@ def test_the_bundled_checkpoints_sign_flip_changes_no_output(trainer, default_mo
     # Undo: negate (1 + w) of the three norms and the lm_head back.
     unflip = lambda w: -2.0 - w  # noqa: E731
     lm_head = -target.lm_head.weight
-    tensors = {k: getattr(head, attr).detach().clone() for k, attr in {
-        "pre_fc_norm_embedding.weight": "pre_fc_norm_embedding", "pre_fc_norm_hidden.weight": "pre_fc_norm_hidden",
-        "fc.weight": "fc", "norm.weight": "norm", "layers.0.input_layernorm.weight": "input_layernorm",
-        "layers.0.post_attention_layernorm.weight": "post_attention_layernorm",
-        "layers.0.self_attn.q_proj.weight": "q_proj", "layers.0.self_attn.k_proj.weight": "k_proj",
-        "layers.0.self_attn.v_proj.weight": "v_proj", "layers.0.self_attn.o_proj.weight": "o_proj",
-        "layers.0.self_attn.q_norm.weight": "q_norm", "layers.0.self_attn.k_norm.weight": "k_norm",
-        "layers.0.mlp.gate_proj.weight": "gate_proj", "layers.0.mlp.up_proj.weight": "up_proj",
-        "layers.0.mlp.down_proj.weight": "down_proj"}.items()}
+    tensors = {k: v.detach().clone() for k, v in head.named_weights().items()}
     tensors["pre_fc_norm_hidden.weight"] = unflip(tensors["pre_fc_norm_hidden.weight"])
     tensors["norm.weight"] = unflip(tensors["norm.weight"])
     plain_head = MtpHead(head.geometry, tensors, head.embed_tokens, lm_head)

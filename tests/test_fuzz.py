@@ -1,7 +1,8 @@
-"""Fuzzing the readers and importers with hypothesis (strategies and properties: fuzzing.py).
+"""Fuzzing the readers, importers and checkpoint reader with hypothesis (strategies and properties: fuzzing.py).
 
 The default suite runs a few hundred derandomised inputs; `python -m pytest -m slow
-tests/test_fuzz.py -s` runs over 5,000 and prints how many each property saw.
+tests/test_fuzz.py -s` runs over 5,000 (and 1,500 mutated checkpoints) and prints how many each
+property saw.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from mtp_observe.importers import FORMATS, import_files
 from mtp_observe.rendering import Renderer
 from mtp_observe.sessions import Session, Skipped, read_sessions
 
-from .fuzzing import OUTCOMES, RUNS, check_cli, check_import, check_read, log_files, run_cli, write_input
+from .fuzzing import (OUTCOMES, RUNS, check_checkpoint, check_cli, check_import, check_read, checkpoint_files,
+                      checkpoint_mutation, log_files, run_cli, write_input)
 
 ALL_SEEDED = list(FORMATS)
 
@@ -89,9 +91,40 @@ def test_every_import_refusal_through_the_cli_is_exit_2_with_one_line(tmp_path, 
     cli_property(tmp_path, tiny_checkpoint, examples=30, fast=True, command="import")
 
 
+def checkpoint_property(tmp_path, tiny_checkpoint, examples: int, fast: bool, replay: bool = False):
+    """inspect, sessions (and replay) on the tiny checkpoint with one file mutated."""
+    import shutil
+
+    from .test_replay import SESSION
+
+    directory = tmp_path / "checkpoint"
+    shutil.copytree(tiny_checkpoint, directory)
+    pristine = checkpoint_files(directory)
+    sessions = tmp_path / "s.jsonl"
+    sessions.write_text(json.dumps(SESSION) + "\n")
+    commands = [["inspect", str(directory), "--json"], ["sessions", str(sessions), "--model", str(directory)]]
+    if replay:
+        commands.append(["replay", str(sessions), "--model", str(directory), "--out", str(tmp_path / "run"), "--overwrite",
+                         "--k", "1", "--device", "cpu"])
+
+    @fuzz(examples, fast)
+    @given(st.data())
+    def prop(data):
+        check_checkpoint(directory, pristine, data.draw(checkpoint_mutation(pristine)), commands)
+
+    prop()
+
+
+def test_no_mutated_checkpoint_makes_inspect_or_sessions_raise_anything_but_a_one_line_error(tmp_path, tiny_checkpoint):
+    before = dict(OUTCOMES)
+    checkpoint_property(tmp_path, tiny_checkpoint, examples=60, fast=True)
+    seen = {k: v - before.get(k, 0) for k, v in OUTCOMES.items() if "(checkpoint)" in k}
+    assert seen.get("cli inspect (checkpoint): exit 2", 0) > 0 and seen.get("cli inspect (checkpoint): exit 0", 0) > 0, seen
+
+
 # --- slow: over 5,000 inputs ------------------------------------------------------------------
 
-SLOW = {"import": 400, "auto": 800, "read": 1200, "cli import": 400, "cli sessions": 60}
+SLOW = {"import": 400, "auto": 800, "read": 1200, "cli import": 400, "cli sessions": 60, "checkpoint": 1400, "checkpoint replay": 100}
 
 
 @pytest.mark.slow
@@ -103,6 +136,8 @@ def test_fuzz_the_readers_and_importers_with_over_5000_inputs(tmp_path, tiny_che
     reader_property(tmp_path, renderer, examples=SLOW["read"], fast=False)
     cli_property(tmp_path, tiny_checkpoint, examples=SLOW["cli import"], fast=False, command="import")
     cli_property(tmp_path, tiny_checkpoint, examples=SLOW["cli sessions"], fast=False, command="sessions")
+    checkpoint_property(tmp_path, tiny_checkpoint, examples=SLOW["checkpoint"], fast=False)
+    checkpoint_property(tmp_path / "replayed", tiny_checkpoint, examples=SLOW["checkpoint replay"], fast=False, replay=True)
     total = sum(RUNS.values()) - before
     print(f"\nfuzzing: {total} inputs: " + ", ".join(f"{k} {v}" for k, v in sorted(RUNS.items())))
     print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(OUTCOMES.items())))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import struct
 import subprocess
 import sys
@@ -64,21 +63,54 @@ def test_inspect_precisions_follow_bits_per_weight(tiny_checkpoint):
     matrices = sum(e.numel for e in inv.head if len(e.shape) == 2)
     vectors = sum(e.numel for e in inv.head if len(e.shape) == 1)
     assert inv.head_bytes("BF16") == 2 * (matrices + vectors)
-    assert inv.head_bytes("FP8") == matrices + 2 * vectors
+    fc = inv.config["hidden_size"] * 2 * inv.config["hidden_size"]  # FP8 releases keep mtp.fc in BF16
+    assert inv.head_bytes("FP8") == (matrices - fc) + 2 * fc + 2 * vectors
+    assert inv.lm_head_bytes("FP8") == inv.lm_head_bytes("BF16")  # and the lm_head and embeddings
     assert inv.head_bytes("Q6_K") == -(-(matrices * 6.5625 + vectors * 32) // 8)
     assert inv.head_bytes("Q4_K") < inv.head_bytes("Q6_K") < inv.head_bytes("Q8_0") < inv.head_bytes("BF16")
 
 
-def test_inspect_reads_headers_only_so_a_checkpoint_with_its_data_cut_off_still_answers(tiny_checkpoint, tmp_path):
-    d = tmp_path / "truncated"
-    shutil.copytree(tiny_checkpoint, d)
-    for f in d.glob("*.safetensors"):
+def test_inspect_reads_headers_only_not_the_tensor_data(make_checkpoint, monkeypatch):
+    """Every byte read from the shards is a header: inspect answers at once on a 60 GB checkpoint."""
+    import builtins
+
+    from mtp_observe.inventory import inventory_json
+
+    path = make_checkpoint(shards=3)
+    header_bytes = 0
+    for f in path.glob("*.safetensors"):
         with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-        with open(f, "r+b") as fh:
-            fh.truncate(8 + n)  # header kept, every tensor's bytes gone
-    report = inspect_json(d)
-    assert report["head"]["bytes"] == inspect_json(tiny_checkpoint)["head"]["bytes"]
+            header_bytes += 8 + struct.unpack("<Q", fh.read(8))[0]
+    data_bytes = sum(f.stat().st_size for f in path.glob("*.safetensors")) - header_bytes
+    read = [0]
+    real_open = builtins.open
+
+    class Counting:
+        def __init__(self, f):
+            self.f = f
+
+        def read(self, n=-1):
+            out = self.f.read(n)
+            read[0] += len(out)
+            return out
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            self.f.close()
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    def spy(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        return Counting(f) if str(file).endswith(".safetensors") else f
+
+    monkeypatch.setattr(builtins, "open", spy)
+    report = inventory_json(take_inventory(read_checkpoint(path)))
+    assert report["head"]["count"] == 15
+    assert 0 < read[0] <= header_bytes < data_bytes, (read[0], header_bytes, data_bytes)
 
 
 def test_inspect_prints_the_table_with_every_head_tensor(tiny_checkpoint):

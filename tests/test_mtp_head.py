@@ -33,27 +33,7 @@ def product_drafts(head, ids, hidden, anchors, k=K, chunk_size=64):
 
 def reference(tiny_model, reading: Reading = CORRECT) -> ReferenceHead:
     head = tiny_model.head
-    W = {name: getattr(head, attr) for name, attr in _WEIGHTS.items()}
-    return ReferenceHead(W, head.geometry, head.embed_tokens, head.lm_head, reading)
-
-
-_WEIGHTS = {
-    "pre_fc_norm_embedding.weight": "pre_fc_norm_embedding",
-    "pre_fc_norm_hidden.weight": "pre_fc_norm_hidden",
-    "fc.weight": "fc",
-    "norm.weight": "norm",
-    "layers.0.input_layernorm.weight": "input_layernorm",
-    "layers.0.post_attention_layernorm.weight": "post_attention_layernorm",
-    "layers.0.self_attn.q_proj.weight": "q_proj",
-    "layers.0.self_attn.k_proj.weight": "k_proj",
-    "layers.0.self_attn.v_proj.weight": "v_proj",
-    "layers.0.self_attn.o_proj.weight": "o_proj",
-    "layers.0.self_attn.q_norm.weight": "q_norm",
-    "layers.0.self_attn.k_norm.weight": "k_norm",
-    "layers.0.mlp.gate_proj.weight": "gate_proj",
-    "layers.0.mlp.up_proj.weight": "up_proj",
-    "layers.0.mlp.down_proj.weight": "down_proj",
-}
+    return ReferenceHead(head.named_weights(), head.geometry, head.embed_tokens, head.lm_head, reading)
 
 
 def test_the_zero_centred_norm_scales_by_one_plus_w_on_a_worked_example():
@@ -77,7 +57,7 @@ def test_the_head_layer_equals_transformers_qwen3_5_decoder_layer_built_as_full_
     cfg = Qwen3_5TextConfig(**dict(text, num_hidden_layers=1, layer_types=["full_attention"]))
     cfg._attn_implementation = "eager"
     layer = Qwen3_5DecoderLayer(cfg, 0).eval()
-    state = {k.removeprefix("layers.0."): getattr(head, v) for k, v in _WEIGHTS.items() if k.startswith("layers.0.")}
+    state = {k.removeprefix("layers.0."): v for k, v in head.named_weights().items() if k.startswith("layers.0.")}
     layer.load_state_dict(state)
     n = N_TOKENS - 1
     z = head.fc_input(hidden[:-1], ids[1:])

@@ -21,7 +21,6 @@ from mtp_observe.tables import REQUESTS_SCHEMA, positions_schema
 from mtp_observe.target import BUILTIN_PROFILES, SamplingProfile, reduce_logits, sampler_probability
 
 from .reference_head import ReferenceHead
-from .test_mtp_head import _WEIGHTS
 
 SESSION = {
     "id": "demo",
@@ -61,7 +60,7 @@ def test_every_row_equals_a_plain_recomputation_from_scratch(tiny_checkpoint, ti
     rows = pd.read_parquet(run / "positions.parquet")
     requests = pd.read_parquet(run / "requests.parquet")
     head = tiny_model.head
-    ref = ReferenceHead({k: getattr(head, v) for k, v in _WEIGHTS.items()}, head.geometry, head.embed_tokens, head.lm_head)
+    ref = ReferenceHead(head.named_weights(), head.geometry, head.embed_tokens, head.lm_head)
     checked = 0
     for _, req in requests.iterrows():
         ids = torch.tensor(list(req.input_ids))
@@ -318,16 +317,14 @@ def test_bad_options_are_one_line_and_exit_2(tiny_checkpoint, tmp_path, args, ne
 # --- memory -----------------------------------------------------------------------------------
 
 
-def test_replaying_a_32k_token_session_with_the_real_vocabulary_stays_under_6_gb(make_checkpoint, tmp_path):
+def replay_peak_rss(model, tmp_path, tokens: int, completion: int) -> int:
+    """Peak RSS (bytes) of a CLI replay of one token-level session of `tokens` random ids (the last `completion` scored)."""
     import psutil
 
-    # The real vocabulary; everything else as small as the architecture allows (one linear, one full layer).
-    model = make_checkpoint(vocab_size=248_320, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                            num_attention_heads=1, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1,
-                            linear_num_value_heads=1, linear_key_head_dim=16, linear_value_head_dim=16, shards=1)
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 248_320, (32_768,), generator=gen).tolist()
-    path = write_sessions(tmp_path / "long.jsonl", [{"id": "long", "prompt_token_ids": ids[:24_576], "completion_token_ids": ids[24_576:]}])
+    ids = torch.randint(0, 248_320, (tokens,), generator=gen).tolist()
+    split = tokens - completion
+    path = write_sessions(tmp_path / "long.jsonl", [{"id": "long", "prompt_token_ids": ids[:split], "completion_token_ids": ids[split:]}])
     proc = psutil.Popen([sys.executable, "-m", "mtp_observe", "replay", str(path), "--model", str(model), "--k", "2",
                          "--device", "cpu", "--out", str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     peak = 0
@@ -340,9 +337,28 @@ def test_replaying_a_32k_token_session_with_the_real_vocabulary_stays_under_6_gb
     _, stderr = proc.communicate()
     assert proc.returncode == 0, stderr.decode()[-2000:]
     rows = pq.read_table(tmp_path / "run" / "positions.parquet", columns=["depth"]).column("depth").to_numpy()
-    assert (rows == 1).sum() == 8_191 and (rows == 2).sum() == 8_190
+    assert (rows == 1).sum() == completion - 1 and (rows == 2).sum() == completion - 2
     print(f"peak RSS {peak / 1e9:.2f} GB")
+    return peak
+
+
+# The real vocabulary; everything else as small as the architecture allows (one linear, one full layer).
+TINY_WITH_REAL_VOCABULARY = dict(vocab_size=248_320, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                 num_attention_heads=1, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1,
+                                 linear_num_value_heads=1, linear_key_head_dim=16, linear_value_head_dim=16, shards=1)
+
+
+def test_replaying_a_32k_token_session_with_the_real_vocabulary_stays_under_6_gb(make_checkpoint, tmp_path):
+    peak = replay_peak_rss(make_checkpoint(**TINY_WITH_REAL_VOCABULARY), tmp_path, 32_768, 8_192)
     assert peak < 6e9, f"peak RSS {peak / 1e9:.2f} GB"
+
+
+def test_replaying_on_a_moe_target_keeps_nothing_vocabulary_sized_per_position(make_checkpoint, tmp_path):
+    """4,096 positions of fp32 logits over the real vocabulary would be 4.1 GB on their own."""
+    model = make_checkpoint(**TINY_WITH_REAL_VOCABULARY, family="qwen3_5_moe", moe_intermediate_size=32,
+                            shared_expert_intermediate_size=32)
+    peak = replay_peak_rss(model, tmp_path, 4_096, 1_024)
+    assert peak < 2.5e9, f"peak RSS {peak / 1e9:.2f} GB"
 
 
 # --- data-parallel ----------------------------------------------------------------------------

@@ -10,7 +10,6 @@ import torch
 from mtp_observe.pipeline import ReplayOptions, replay
 
 from .reference_head import ReferenceHead
-from .test_mtp_head import _WEIGHTS
 from .test_replay import write_sessions
 
 
@@ -51,7 +50,7 @@ def test_replay_equals_a_real_draft_and_verify_loop_at_every_verify_step(tmp_pat
     model_dir = default_model_dir()  # a trained head, so accepted lengths vary
     model = load_model(model_dir, dtype=torch.float64)
     head = model.head
-    ref = ReferenceHead({k: getattr(head, v) for k, v in _WEIGHTS.items()}, head.geometry, head.embed_tokens, head.lm_head,
+    ref = ReferenceHead(head.named_weights(), head.geometry, head.embed_tokens, head.lm_head,
                         dtype=torch.float64)
     demo = sorted((Path(__file__).resolve().parents[1] / "sessions").glob("*.jsonl"))[0]
     session = next(s for s in read_sessions([demo]))
