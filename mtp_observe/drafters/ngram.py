@@ -40,10 +40,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
 from ..errors import OptionError
 from . import NO_TOKEN, Proposals, anchors as anchors_of, hashmap, span_array
+from .hashmap import compiled
 
 DEFAULT_NGRAM = 5  # vLLM: both bounds unset -> prompt_lookup_min = prompt_lookup_max = 5
 
@@ -80,7 +80,7 @@ def ngram_config(prompt_lookup_min: int | None = None, prompt_lookup_max: int | 
 # The index (compiled)
 
 
-@njit(cache=True)
+@compiled
 def _extend(tokens, start, stop, max_n, level_id, ids_before, first_end, key_of, keys, values, n_ids):
     """Index positions start..stop-1 (the caller made room for max_n new ids per token) -> n_ids."""
     for q in range(start, stop):
@@ -108,14 +108,14 @@ def _extend(tokens, start, stop, max_n, level_id, ids_before, first_end, key_of,
     return n_ids
 
 
-@njit(cache=True)
+@compiled
 def _forget(first_id, n_ids, key_of, keys, values):
     """Drop the ids first_id..n_ids-1 (the n-grams first seen at the positions rolled back)."""
     for i in range(n_ids - 1, first_id - 1, -1):
         hashmap.erase(keys, values, key_of[i])
 
 
-@njit(cache=True)
+@compiled
 def _propose(tokens, anchor, k, min_n, max_n, max_model_len, level_id, first_end, out):
     """out[a, :] = vLLM's proposal at anchor[a] (out pre-filled with NO_TOKEN)."""
     for a in range(anchor.shape[0]):

@@ -51,11 +51,11 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
 from ..errors import OptionError
 from . import NO_TOKEN, Proposals, anchors as anchors_of, span_array
 from . import suffix_tree as st
+from .hashmap import compiled
 
 NO_SOURCE, REQUEST_TREE, GLOBAL_TREE = -1, 0, 1  # which tree a draft came from
 
@@ -98,7 +98,7 @@ class SuffixProposals(Proposals):
 # Compiled: feed tokens, speculate at anchors
 
 
-@njit(cache=True)
+@compiled
 def _best_of_tree(t, on_request_tree, tokens, lo, hi, budgets, walk, factor, offset, min_prob,
                   best_tok, best_score, best_m, path_tok, path_prob, cum):
     """SuffixTree::speculate for every budget: best_tok[v, :] (NO_TOKEN-padded), best_score[v], best_m[v]."""
@@ -131,25 +131,25 @@ def _best_of_tree(t, on_request_tree, tokens, lo, hi, budgets, walk, factor, off
                     best_tok[v, j] = path_tok[j] if j < c else -1
 
 
-@njit(cache=True)
+def _scratch(variants: int, width: int, walk: int):
+    """_feed's working arrays (it is compiled without reference counts, so it allocates nothing)."""
+    walk = max(walk, 1)
+    return (np.full((variants, width), -1, dtype=np.int32), np.full((variants, width), -1, dtype=np.int32),
+            np.zeros(variants, dtype=np.float32), np.zeros(variants, dtype=np.float32),
+            np.zeros(variants, dtype=np.int32), np.zeros(variants, dtype=np.int32),
+            np.zeros(walk, dtype=np.int32), np.zeros(walk, dtype=np.float32), np.zeros(walk + 1, dtype=np.float32),
+            np.zeros(variants, dtype=np.int64))
+
+
+@compiled
 def _feed(loc, glo, to_global, tokens, q0, q1, a_lo, a_hi, a_base, marks, mark_base,
-          budgets, walk, factor, offset, min_prob, max_model_len, out_tok, out_score, out_m, out_src):
+          budgets, walk, factor, offset, min_prob, max_model_len, out_tok, out_score, out_m, out_src, scratch):
     """Append tokens[q0:q1] to the request's tree (and, when to_global, to the global tree's current
     sequence); at each anchor q in [a_lo, a_hi] speculate into row a_base + q - a_lo of the outputs.
     Returns the position reached: q1, or earlier when a tree needs growing."""
     V = budgets.shape[0]
-    width = out_tok.shape[2]
     depth = loc[2][st.M_DEPTH]
-    tok_l = np.full((V, width), -1, dtype=np.int32)
-    tok_g = np.full((V, width), -1, dtype=np.int32)
-    score_l = np.zeros(V, dtype=np.float32)
-    score_g = np.zeros(V, dtype=np.float32)
-    m_l = np.zeros(V, dtype=np.int32)
-    m_g = np.zeros(V, dtype=np.int32)
-    path_tok = np.zeros(max(walk, 1), dtype=np.int32)
-    path_prob = np.zeros(max(walk, 1), dtype=np.float32)
-    cum = np.zeros(max(walk, 1) + 1, dtype=np.float32)
-    eff = np.zeros(V, dtype=np.int64)
+    tok_l, tok_g, score_l, score_g, m_l, m_g, path_tok, path_prob, cum, eff = scratch
     for q in range(q0, q1):
         if not st.room(loc) or (to_global and not st.room(glo)):
             return q
@@ -175,20 +175,16 @@ def _feed(loc, glo, to_global, tokens, q0, q1, a_lo, a_hi, a_base, marks, mark_b
             _best_of_tree(glo, False, tokens, lo, n_ctx, eff, e_walk, factor, offset, min_prob,
                           tok_g, score_g, m_g, path_tok, path_prob, cum)
         for v in range(V):
-            if not to_global or score_l[v] >= score_g[v]:  # the request's tree wins ties
-                out_tok[a, v, :] = tok_l[v, :]
-                out_score[a, v] = score_l[v]
-                out_m[a, v] = m_l[v]
-                out_src[a, v] = 0
-            else:
-                out_tok[a, v, :] = tok_g[v, :]
-                out_score[a, v] = score_g[v]
-                out_m[a, v] = m_g[v]
-                out_src[a, v] = 1
+            local = not to_global or score_l[v] >= score_g[v]  # the request's tree wins ties
+            for j in range(out_tok.shape[2]):
+                out_tok[a, v, j] = tok_l[v, j] if local else tok_g[v, j]
+            out_score[a, v] = score_l[v] if local else score_g[v]
+            out_m[a, v] = m_l[v] if local else m_g[v]
+            out_src[a, v] = 0 if local else 1
     return q1
 
 
-@njit(cache=True)
+@compiled
 def _feed_global(glo, tokens, q0, q1):
     for q in range(q0, q1):
         if not st.room(glo):
@@ -273,8 +269,10 @@ class SuffixDecoding:
         out_score = np.zeros((len(anchor), V), dtype=np.float32)
         out_m = np.zeros((len(anchor), V), dtype=np.int32)
         out_src = np.full((len(anchor), V), NO_SOURCE, dtype=np.int8)
-        params = (budgets, int(budgets.max()), np.float32(cfg.max_spec_factor), np.float32(cfg.max_spec_offset),
-                  np.float32(cfg.min_token_prob), int(cfg.max_model_len or 0), out_tok, out_score, out_m, out_src)
+        walk = int(budgets.max())
+        params = (budgets, walk, np.float32(cfg.max_spec_factor), np.float32(cfg.max_spec_offset),
+                  np.float32(cfg.min_token_prob), int(cfg.max_model_len or 0), out_tok, out_score, out_m, out_src,
+                  _scratch(V, k, walk))
 
         q = self._restart(tokens, int(sp[0, 0]) if len(sp) else len(tokens))
         first_anchor = 0

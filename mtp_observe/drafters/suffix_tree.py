@@ -38,9 +38,9 @@ product and the offset in float32 and the 1e-6 in double.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from . import hashmap
+from .hashmap import compiled, compiled_inline
 
 # node fields (int32 columns)
 COUNT, TOKEN, LENGTH, REF, PARENT, HEAD, TAIL, NEXT, PREV, GROUP, NCHILD = range(11)
@@ -102,7 +102,7 @@ def _grow_rows(a: np.ndarray, need: int, fill: int) -> np.ndarray:
     return out
 
 
-@njit(cache=True)
+@compiled
 def room(t) -> bool:
     """Room for one more append's worst case."""
     node, group, meta, ring, buf, keys, values, journal = t
@@ -116,7 +116,7 @@ def room(t) -> bool:
 # Journaled writes
 
 
-@njit(cache=True, inline="always")
+@compiled_inline
 def _log(t, code, index, old):
     meta = t[2]
     journal = t[7]
@@ -127,7 +127,7 @@ def _log(t, code, index, old):
     meta[M_JOURNAL] = j + 1
 
 
-@njit(cache=True, inline="always")
+@compiled_inline
 def nset(t, i, f, v):
     node = t[0]
     meta = t[2]
@@ -136,7 +136,7 @@ def nset(t, i, f, v):
     node[i, f] = v
 
 
-@njit(cache=True, inline="always")
+@compiled_inline
 def gset(t, g, f, v):
     group = t[1]
     meta = t[2]
@@ -145,7 +145,7 @@ def gset(t, g, f, v):
     group[g, f] = v
 
 
-@njit(cache=True, inline="always")
+@compiled_inline
 def mset(t, f, v):
     meta = t[2]
     if meta[M_JOURNAL_ON] != 0:
@@ -153,7 +153,7 @@ def mset(t, f, v):
     meta[f] = v
 
 
-@njit(cache=True, inline="always")
+@compiled_inline
 def rset(t, slot, v):
     ring = t[3]
     meta = t[2]
@@ -162,17 +162,17 @@ def rset(t, slot, v):
     ring[slot] = v
 
 
-@njit(cache=True, inline="always")
+@compiled_inline
 def _key(parent, token):
     return (np.int64(parent) << np.int64(31)) | np.int64(token)
 
 
-@njit(cache=True, inline="always")
+@compiled_inline
 def child_of(t, n, token):
     return hashmap.get(t[5], t[6], _key(n, token))
 
 
-@njit(cache=True)
+@compiled
 def map_insert(t, n, token, c):
     key = _key(n, token)
     meta = t[2]
@@ -182,7 +182,7 @@ def map_insert(t, n, token, c):
     mset(t, M_MAP, meta[M_MAP] + 1)
 
 
-@njit(cache=True)
+@compiled
 def map_set(t, n, token, c):
     """Overwrite an existing entry."""
     key = _key(n, token)
@@ -192,7 +192,7 @@ def map_set(t, n, token, c):
     hashmap.put(t[5], t[6], key, c)
 
 
-@njit(cache=True)
+@compiled
 def map_erase(t, n, token):
     key = _key(n, token)
     meta = t[2]
@@ -202,7 +202,7 @@ def map_erase(t, n, token):
     mset(t, M_MAP, meta[M_MAP] - 1)
 
 
-@njit(cache=True)
+@compiled
 def undo(t, length):
     """Undo every journaled write after the journal's first `length` entries, newest first."""
     node, group, meta, ring, buf, keys, values, journal = t
@@ -227,7 +227,7 @@ def undo(t, length):
     meta[M_JOURNAL_ON] = 1
 
 
-@njit(cache=True)
+@compiled
 def _new_node(t, count, token, length, ref):
     node = t[0]
     meta = t[2]
@@ -242,7 +242,7 @@ def _new_node(t, count, token, length, ref):
     return n
 
 
-@njit(cache=True)
+@compiled
 def _new_group(t, head):
     group = t[1]
     meta = t[2]
@@ -258,7 +258,7 @@ def _new_group(t, head):
 # Sibling lists (suffix_tree.cc, the functions of the same names)
 
 
-@njit(cache=True)
+@compiled
 def _remove_from_siblings(t, n):
     node = t[0]
     group = t[1]
@@ -290,7 +290,7 @@ def _remove_from_siblings(t, n):
     nset(t, n, NEXT, -1)
 
 
-@njit(cache=True)
+@compiled
 def _insert_before(t, n, other):
     node = t[0]
     group = t[1]
@@ -320,7 +320,7 @@ def _insert_before(t, n, other):
         gset(t, node[other, GROUP], G_PREV, g)
 
 
-@njit(cache=True)
+@compiled
 def _insert_after(t, n, other):
     node = t[0]
     group = t[1]
@@ -351,7 +351,7 @@ def _insert_after(t, n, other):
         gset(t, node[other, GROUP], G_NEXT, g)
 
 
-@njit(cache=True)
+@compiled
 def _replace_in_siblings(t, old, new):
     node = t[0]
     group = t[1]
@@ -375,7 +375,7 @@ def _replace_in_siblings(t, old, new):
     nset(t, old, GROUP, -1)
 
 
-@njit(cache=True)
+@compiled
 def _increment_count(t, n):
     node = t[0]
     group = t[1]
@@ -405,7 +405,7 @@ def _increment_count(t, n):
         _insert_before(t, n, other)
 
 
-@njit(cache=True)
+@compiled
 def _decrement_count(t, n):
     node = t[0]
     group = t[1]
@@ -451,7 +451,7 @@ def _decrement_count(t, n):
 # append, start/remove a sequence
 
 
-@njit(cache=True)
+@compiled
 def start_sequence(t):
     """The next appends go to a new sequence (the previous one keeps its tokens and suffixes)."""
     meta = t[2]
@@ -461,7 +461,7 @@ def start_sequence(t):
     mset(t, M_RING_SIZE, 0)
 
 
-@njit(cache=True)
+@compiled
 def append(t, token):
     """SuffixTree::append for the current sequence (the caller checked `room`)."""
     node, group, meta, ring, buf, keys, values, journal = t
@@ -553,7 +553,7 @@ def append(t, token):
                 rset(t, slot, m)
 
 
-@njit(cache=True)
+@compiled
 def remove(t, start, length):
     """SuffixTree::remove of the sequence buf[start : start + length] (not journaled: the global tree)."""
     node, group, meta, ring, buf, keys, values, journal = t
@@ -594,7 +594,7 @@ def remove(t, start, length):
 # Speculation
 
 
-@njit(cache=True)
+@compiled
 def match_context(t, pattern, first, last):
     """SuffixTree::_match_context of pattern[first:last] -> (node, index within it) or (-1, -1)."""
     node = t[0]
@@ -614,7 +614,7 @@ def match_context(t, pattern, first, last):
     return n, i
 
 
-@njit(cache=True)
+@compiled
 def active_match(t, length):
     """Where the current sequence's last `length` tokens end (length <= its active suffixes): the
     active node of that suffix, at its end — what match_context finds for them."""
@@ -626,7 +626,7 @@ def active_match(t, length):
     return n, node[n, LENGTH]
 
 
-@njit(cache=True)
+@compiled
 def speculate_path(t, n, i, max_tokens, min_token_prob, out_tokens, out_probs):
     """SuffixTree::_speculate_path -> number of tokens written to out_tokens/out_probs (float32)."""
     node = t[0]
@@ -649,7 +649,7 @@ def speculate_path(t, n, i, max_tokens, min_token_prob, out_tokens, out_probs):
     return count
 
 
-@njit(cache=True, inline="always")
+@compiled_inline
 def length_limit(match_len, max_spec_factor, max_spec_offset):
     """(int)(match_len * factor + offset + 1e-6): float32 product and sum, the 1e-6 in double, truncated."""
     x = np.float32(np.float32(match_len) * max_spec_factor) + max_spec_offset
