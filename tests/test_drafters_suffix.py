@@ -152,12 +152,13 @@ def runs(draw):
        factor=st.sampled_from([0.5, 1.0, 1.5, 3.0]), offset=st.sampled_from([-1.0, 0.0, 0.7, 2.0]),
        min_prob=st.sampled_from([0.0, 0.1, 0.3, 0.5, 1.0]), k=st.integers(1, 6),
        max_model_len=st.sampled_from([None, 20, 45]), fixed=st.sampled_from([None, 3, 9]),
-       shared=st.booleans())
+       shared=st.booleans(), hint=st.sampled_from([None, "exact", "too long"]))
 def test_suffix_drafts_equal_the_brute_force_cache_on_random_runs(requests, depth, max_cached, factor, offset,
-                                                                  min_prob, k, max_model_len, fixed, shared):
+                                                                  min_prob, k, max_model_len, fixed, shared, hint):
     """Every draft, its float32 score, match length and tree, over runs of requests that share
-    prefixes (the request's tree rolled back and extended), with eviction, the global tree off,
-    every parameter away from its default, and outputs added without drafting (shared=False)."""
+    prefixes (the request's tree rolled back and extended; `keep` right, absent, or promising more
+    than the next request shares), with eviction, the global tree off, every parameter away from its
+    default, and outputs added without drafting (shared=False)."""
     config = SuffixConfig(depth, max_cached, factor, offset, min_prob, fixed, max_model_len)
     ours = SuffixDecoding(config)
     brute = BruteCache(depth, max_cached, factor, offset, min_prob, max_model_len, fixed)
@@ -166,7 +167,13 @@ def test_suffix_drafts_equal_the_brute_force_cache_on_random_runs(requests, dept
             ours.add_outputs(tokens, spans)
             brute.add_outputs(tokens, spans)
             continue
-        got = ours.propose(tokens, spans, k)
+        keep = None
+        if hint is not None and r + 1 < len(requests):
+            after = requests[r + 1][0]
+            m = min(len(after), len(tokens))
+            keep = int(np.argmin(np.append(after[:m] == tokens[:m], False)))  # the shared prefix
+            keep += 5 if hint == "too long" else 0
+        got = ours.propose(tokens, spans, k, keep=keep)
         assert np.array_equal(got.anchors, anchors(spans))
         assert_same_drafts(got, brute.request(tokens, spans, k), f"request {r}")
 

@@ -153,7 +153,8 @@ def _feed(loc, glo, to_global, tokens, q0, q1, a_lo, a_hi, a_base, marks, mark_b
     for q in range(q0, q1):
         if not st.room(loc) or (to_global and not st.room(glo)):
             return q
-        marks[q - mark_base] = loc[2][st.M_JOURNAL]
+        if q >= mark_base:
+            marks[q - mark_base] = loc[2][st.M_JOURNAL]
         st.append(loc, tokens[q])
         if to_global:
             st.append(glo, tokens[q])
@@ -251,9 +252,13 @@ class SuffixDecoding:
 
     # -- drafting -----------------------------------------------------------------------------
 
-    def propose(self, tokens: np.ndarray, spans, k: int, by_k: bool = False) -> SuffixProposals:
+    def propose(self, tokens: np.ndarray, spans, k: int, by_k: bool = False, keep: int | None = None) -> SuffixProposals:
         """Drafts at every anchor of this request (acceptance.anchor_plan's order); its outputs then
-        join the global tree. by_k: also the draft vLLM makes at every K' <= k (see the module)."""
+        join the global tree. by_k: also the draft vLLM makes at every K' <= k (see the module).
+        keep: how many leading tokens the next request shares with this one, when the caller knows
+        (pipeline.replay_session does): only the request's tree's writes past them are journaled.
+        Without it the whole request is; a next request sharing less gets a fresh tree — the same
+        drafts either way, only time and memory differ."""
         assert k >= 1
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         assert tokens.ndim == 1 and (tokens.size == 0 or int(tokens.min()) >= 0), "token ids are >= 0"
@@ -275,6 +280,7 @@ class SuffixDecoding:
                   _scratch(V, k, walk))
 
         q = self._restart(tokens, int(sp[0, 0]) if len(sp) else len(tokens))
+        self._mark_base = q if keep is None else max(q, min(int(keep), len(tokens)))
         first_anchor = 0
         for s, e in sp:
             s, e = int(s), int(e)
@@ -310,10 +316,12 @@ class SuffixDecoding:
                 shared = 0
         assert int(tree[2][st.M_SEQ_LEN]) == shared
         tree[2][st.M_JOURNAL] = 0
-        self._mark_base = shared
         return shared
 
     def _run(self, tokens, q, stop, to_global, a_lo, a_hi, a_base, params) -> int:
+        if q < self._mark_base < stop:  # no journal before the kept prefix's end, a journal after it
+            q = self._run(tokens, q, self._mark_base, to_global, a_lo, a_hi, a_base, params)
+        self._request_tree[2][st.M_JOURNAL_ON] = int(q >= self._mark_base)
         while q < stop:
             need = stop - self._mark_base + 1
             if need > len(self._marks):

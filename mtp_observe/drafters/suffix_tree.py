@@ -131,6 +131,8 @@ def _log(t, code, index, old):
 def nset(t, i, f, v):
     node = t[0]
     meta = t[2]
+    if node[i, f] == v:
+        return  # not a change: nothing to journal
     if meta[M_JOURNAL_ON] != 0 and i < meta[M_STEP_NODES]:
         _log(t, J_NODE, i * NF + f, node[i, f])
     node[i, f] = v
@@ -140,6 +142,8 @@ def nset(t, i, f, v):
 def gset(t, g, f, v):
     group = t[1]
     meta = t[2]
+    if group[g, f] == v:
+        return
     if meta[M_JOURNAL_ON] != 0 and g < meta[M_STEP_GROUPS]:
         _log(t, J_GROUP, g * GF + f, group[g, f])
     group[g, f] = v
@@ -157,6 +161,8 @@ def mset(t, f, v):
 def rset(t, slot, v):
     ring = t[3]
     meta = t[2]
+    if ring[slot] == v:
+        return
     if meta[M_JOURNAL_ON] != 0:
         _log(t, J_RING, slot, ring[slot])
     ring[slot] = v
