@@ -14,6 +14,11 @@ so a proposal row compares with x_{p+1}..x_{p+K} exactly as the MTP head's draft
 accepted, the simulated decode). Nothing here imports torch or reads a model: these drafters
 draft from the tokens alone, and the pipeline can run them without loading weights.
 
+The pipeline feeds a drafter every request of the run in input order (sessions in order, each
+session's requests in order) — the `Drafter` protocol; a request whose rows another rank (or an
+earlier run being resumed) writes goes to `add_outputs` instead, so state that spans requests is
+the same whoever drafts what.
+
 The drafters, one module each:
     ngram.py    vLLM's prompt-lookup proposer ("ngram"); stateless per request (its index is reused
                 across requests that share a prefix, which changes nothing measured)
@@ -25,6 +30,7 @@ The drafters, one module each:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -40,6 +46,17 @@ class Proposals:
     def lengths(self) -> np.ndarray:
         """[A] int64: how many tokens each anchor's proposal holds."""
         return (self.tokens != NO_TOKEN).sum(axis=1).astype(np.int64)
+
+
+class Drafter(Protocol):
+    name: str  # the `drafter` value of its rows
+
+    def propose(self, tokens: np.ndarray, spans, k: int, keep: int | None = None) -> Proposals:
+        """Proposals at every anchor of one request. tokens [n] int; spans [S, 2] or rendering.Spans;
+        keep: how many leading tokens the next request shares with this one (a hint; None: unknown)."""
+
+    def add_outputs(self, tokens: np.ndarray, spans) -> None:
+        """Take in a request without drafting (its rows are written elsewhere)."""
 
 
 def span_array(spans) -> np.ndarray:

@@ -216,7 +216,9 @@ def propose(tokens: np.ndarray, anchor: np.ndarray, k: int, prompt_lookup_min: i
 
 
 class NgramDrafter:
-    """`propose(tokens, spans, k)` for the pipeline; reuses its index across requests sharing a prefix."""
+    """The `Drafter` for the pipeline; reuses its index across requests sharing a prefix. Its drafts
+    depend on the request alone: `keep` is not needed (the index rolls back to any prefix) and
+    `add_outputs` has nothing to do."""
 
     name = "ngram"
 
@@ -224,8 +226,11 @@ class NgramDrafter:
         self.config = config
         self._index = NgramIndex(config.prompt_lookup_max)
 
-    def propose(self, tokens: np.ndarray, spans, k: int) -> Proposals:
+    def propose(self, tokens: np.ndarray, spans, k: int, keep: int | None = None) -> Proposals:
         anchor = anchors_of(span_array(spans))
         self._index.index(tokens)
         out = self._index.propose(anchor, k, self.config.prompt_lookup_min, self.config.max_model_len)
         return Proposals(anchor, out)
+
+    def add_outputs(self, tokens: np.ndarray, spans) -> None:
+        pass
