@@ -205,8 +205,9 @@ class SuffixDecoding:
     global tree; add_outputs(tokens, spans) only adds them (a session another rank replays, or one
     a resumed run already has), so the global tree is the same whichever process drafts what.
     The request's tree is rolled back to the prefix the next request shares with it and extended
-    (a journal of its writes since the request started; a request sharing less than that is drafted
-    on a tree rebuilt from its first token) — the answers are those of a fresh tree either way.
+    (through a journal of its writes past `keep`, or past the point this request started to differ
+    from the one before; a request sharing less than that is drafted on a tree rebuilt from its
+    first token) — the answers are those of a fresh tree either way.
     """
 
     name = "suffix"
@@ -254,7 +255,8 @@ class SuffixDecoding:
 
     def propose(self, tokens: np.ndarray, spans, k: int, by_k: bool = False, keep: int | None = None) -> SuffixProposals:
         """Drafts at every anchor of this request (acceptance.anchor_plan's order); its outputs then
-        join the global tree. by_k: also the draft vLLM makes at every K' <= k (see the module).
+        join the global tree. by_k: also the draft vLLM makes at every K' <= k (see the module; not
+        with a fixed max_spec_tokens, where the drafts at K' are the first K' of the one draft).
         keep: how many leading tokens the next request shares with this one, when the caller knows
         (pipeline.replay_session does): only the request's tree's writes past them are journaled.
         Without it the whole request is; a next request sharing less gets a fresh tree — the same
