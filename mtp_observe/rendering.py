@@ -46,6 +46,7 @@ check fails, rendering falls back to encoding every text whole.
 from __future__ import annotations
 
 import bisect
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
