@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from mtp_observe.pipeline import ReplayOptions, replay
-from mtp_observe.tables import REQUESTS_SCHEMA, positions_schema
-from mtp_observe.target import BUILTIN_PROFILES, SamplingProfile, reduce_logits, sampler_probability
+from mtp_observe.tables import positions_schema, requests_schema
+from mtp_observe.target import BUILTIN_PROFILES, SamplingProfile, Turns, reduce_logits, sampler_distribution
 
 from .reference_head import ReferenceHead
 from .test_mtp_head import _WEIGHTS
@@ -92,62 +92,56 @@ def test_every_row_equals_a_plain_recomputation_from_scratch(tiny_checkpoint, ti
     assert checked == len(rows) > 100
 
 
-def test_the_sampler_probability_follows_vllm_top_k_then_top_p_on_a_worked_example():
+def test_the_sampler_follows_vllm_top_k_then_top_p_on_a_worked_example():
     # probabilities 0.5, 0.3, 0.15, 0.05 (plus a tail cut by top_k=4)
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05, 1e-9]]))
-    rows = torch.zeros(5, dtype=torch.long)
-    tokens = torch.arange(5)
-    p = sampler_probability(logits, SamplingProfile("x", 1.0, top_p=0.8, top_k=4), rows, tokens)
-    assert torch.allclose(p, torch.tensor([0.625, 0.375, 0.0, 0.0, 0.0]), atol=1e-6)
-    p = sampler_probability(logits, SamplingProfile("x", 1.0, top_p=1.0, top_k=2), rows, tokens)
-    assert torch.allclose(p, torch.tensor([0.625, 0.375, 0.0, 0.0, 0.0]), atol=1e-6)
-    p = sampler_probability(logits, SamplingProfile("x", 1.0, top_p=1.0, top_k=0), rows, tokens)
-    assert torch.allclose(p, torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0]), atol=1e-6)
-    p = sampler_probability(logits, SamplingProfile("x", 0.0), rows, tokens)
-    assert p.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+
+    def probs(profile):
+        return sampler_distribution(logits, profile).dense(5)[0]
+
+    assert torch.allclose(probs(SamplingProfile("x", 1.0, top_p=0.8, top_k=4)), torch.tensor([0.625, 0.375, 0.0, 0.0, 0.0]), atol=1e-6)
+    assert torch.allclose(probs(SamplingProfile("x", 1.0, top_p=1.0, top_k=2)), torch.tensor([0.625, 0.375, 0.0, 0.0, 0.0]), atol=1e-6)
+    assert torch.allclose(probs(SamplingProfile("x", 1.0, top_p=1.0, top_k=0)), torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0]), atol=1e-6)
+    assert probs(SamplingProfile("x", 0.0)).tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
 
 
-def brute_force_sampler(logits_row: torch.Tensor, profile: SamplingProfile) -> torch.Tensor:
-    """vLLM's apply_top_k_top_p written out over the whole vocabulary (ascending sort, masks), then softmax."""
-    x = logits_row.double() / profile.temperature
-    srt, idx = x.sort()
-    if 0 < profile.top_k < len(x):
-        srt = srt.masked_fill(srt < srt[len(x) - profile.top_k], float("-inf"))
-    if profile.top_p < 1:
-        cum = torch.softmax(srt, -1).cumsum(-1)
-        drop = cum <= 1 - profile.top_p
-        drop[-1] = False
-        srt = srt.masked_fill(drop, float("-inf"))
-    probs = torch.zeros_like(x)
-    probs[idx] = torch.softmax(srt, -1)
-    return probs
+def test_reduce_logits_equals_vllms_sampler_on_every_profile_and_chunking(tiny_model):
+    from .test_sampler import vllm_sampler
 
-
-def test_reduce_logits_equals_brute_force_on_every_profile_and_chunking(tiny_model):
     gen = torch.Generator().manual_seed(3)
-    hidden = torch.randn(40, tiny_model.info.geometry.hidden_size, generator=gen) * 3
+    n = 60
+    hidden = torch.randn(n, tiny_model.info.geometry.hidden_size, generator=gen) * 3
     W = tiny_model.target.lm_head.weight
-    positions = torch.randint(0, 40, (120,), generator=gen)
-    drafts = torch.randint(0, W.shape[0], (120,), generator=gen)
-    drafts[::3] = (hidden[positions[::3]] @ W.T).argmax(-1)  # some drafts are the argmax: non-zero probabilities
-    actuals = torch.randint(0, W.shape[0], (120,), generator=gen)
-    # "narrow" takes its top 5 from the ranking shared with the top-20 profiles
-    profiles = BUILTIN_PROFILES + (SamplingProfile("full", 1.3, 0.9, 0), SamplingProfile("greedy", 0.0), SamplingProfile("narrow", 0.9, 0.7, 5))
-    small = reduce_logits(W, hidden, positions, drafts, actuals, profiles, budget=W.shape[0] * 7)  # 7 rows a chunk
-    whole = reduce_logits(W, hidden, positions, drafts, actuals, profiles)
+    ids = torch.randint(0, W.shape[0], (n,), generator=gen)
+    ids[20:40] = ids[20:30].repeat(2)  # repeated tokens inside a turn: the penalties bite
+    turns = Turns(ids, torch.tensor([12, 45]), torch.tensor([40, 58]))  # two spans [12, 40], [45, 58]
+    positions = torch.cat([torch.randint(12, 40, (80,), generator=gen), torch.randint(45, 58, (40,), generator=gen)])
     logits = (hidden @ W.T).float()
+    drafts = torch.randint(0, W.shape[0], (120,), generator=gen)
+    drafts[::3] = logits.argmax(-1)[positions[::3]]  # some drafts are the argmax: non-zero probabilities
+    actuals = torch.randint(0, W.shape[0], (120,), generator=gen)
+    # "narrow" takes its top 5 from the ranking shared with the top-20 profiles; "copy" equals thinking_coding
+    profiles = BUILTIN_PROFILES + (SamplingProfile("full", 1.3, 0.9, 0), SamplingProfile("narrow", 0.9, 0.7, 5),
+                                   SamplingProfile("rep", 0.8, 0.9, 30, repetition_penalty=1.3, frequency_penalty=0.4),
+                                   SamplingProfile("copy", 0.6, 0.95, 20))
+    small = reduce_logits(W, hidden, positions, drafts, actuals, profiles, budget=W.shape[0] * 7, turns=turns)  # 7 rows a chunk
+    whole = reduce_logits(W, hidden, positions, drafts, actuals, profiles, turns=turns)
     lp = torch.log_softmax(logits, -1)
+    start = torch.where(positions < 45, 12, 45)
     for red in (small, whole):
         assert torch.equal(red.target_token, logits.argmax(-1)[positions])
         assert torch.allclose(red.target_logprob, lp[positions, drafts], atol=1e-5)
         assert torch.allclose(red.actual_logprob, lp[positions, actuals], atol=1e-5)
         for prof in profiles:
-            if prof.temperature == 0:
-                want = (logits.argmax(-1)[positions] == drafts).float()
-            else:
-                want = torch.stack([brute_force_sampler(logits[q], prof)[d] for q, d in zip(positions, drafts)]).float()
+            want = torch.stack([vllm_sampler(logits[q], prof, ids[:s].tolist(), ids[s : q + 1].tolist())[d]
+                                for q, s, d in zip(positions.tolist(), start.tolist(), drafts.tolist())]).float()
             assert torch.allclose(red.p_accept[prof.name], want, atol=1e-5), prof.name
-    assert float(whole.p_accept["thinking"].max()) > 0.1
+        assert red.fit_tokens.tolist() == [40 - 12 + 1, 58 - 45 + 1]
+        for prof in profiles:
+            for a, b in zip(vars(red.fit[prof.name]).values(), vars(whole.fit[prof.name]).values()):
+                assert torch.allclose(a.double(), b.double(), atol=1e-6), prof.name
+    assert float(whole.p_accept["thinking_coding"].max()) > 0.1
+    assert torch.equal(whole.p_accept["copy"], whole.p_accept["thinking_coding"])
 
 
 # --- equivalences -----------------------------------------------------------------------------
@@ -173,22 +167,31 @@ def test_the_files_have_exactly_the_contract_columns_and_types(tiny_checkpoint, 
                  ReplayOptions(k=2, device="cpu", profiles=BUILTIN_PROFILES + (SamplingProfile("hot", 1.2, 0.9, 50),)))
     positions = pq.read_table(run / "positions.parquet")
     requests = pq.read_table(run / "requests.parquet")
-    assert positions.schema.remove_metadata() == positions_schema(["thinking", "instruct", "hot"])
-    assert requests.schema.remove_metadata() == REQUESTS_SCHEMA
+    names = [p.name for p in BUILTIN_PROFILES] + ["hot", "recorded"]
+    assert positions.schema.remove_metadata() == positions_schema(names)
+    assert requests.schema.remove_metadata() == requests_schema(names)
     assert positions.schema.field("segment").type == pa.dictionary(pa.int8(), pa.string())
     df = positions.to_pandas()
     assert df.equals(df.sort_values(["request", "pos", "depth"], kind="stable").sort_index())  # within a session
     assert list(dict.fromkeys(df.session_id)) == ["demo", "two"]  # input order
     manifest = json.loads((run / "run.json").read_text())
-    assert manifest["schema_version"] == 1 and manifest["status"] == "complete"
+    assert manifest["schema_version"] == 2 and manifest["status"] == "complete"
     for key in ("tool", "created", "finished", "model", "tokenizer_sha256", "k", "dtype", "device", "sampling",
-                "inputs", "options", "counts", "versions", "errors"):
+                "recorded_with", "inputs", "options", "counts", "versions", "errors"):
         assert key in manifest, key
+    assert manifest["model"]["max_position_embeddings"] == 262144 and manifest["model"]["rope_scaling"] is None
+    assert manifest["sampling"]["recorded"]["per_session"] is True
+    assert manifest["counts"]["max_request_tokens"] == int(requests.column("n_tokens").to_numpy().max())
+    fit = requests.column("fit").to_pylist()
+    assert [len(f) for f in fit] == [len(s) for s in requests.column("spans").to_pylist()]
+    assert all(f["tokens"] == sp["end"] - sp["start"] + 1 for fs, sps in zip(fit, requests.column("spans").to_pylist())
+               for f, sp in zip(fs, sps))
+    assert {r["source"] for r in requests.column("recorded_sampling").to_pylist()} == {"fallback"}
     assert manifest["model"]["config_sha256"] and len(manifest["model"]["head_tensors"]) == 15
     assert manifest["inputs"][0]["sessions"] == 2 and len(manifest["inputs"][0]["sha256"]) == 64
     assert manifest["counts"]["rows"] == len(df) and manifest["counts"]["sessions_ok"] == 2
     assert manifest["counts"]["anchors"] == int((df.depth == 1).sum())
-    assert set(manifest["sampling"]) == {"thinking", "instruct", "hot"}
+    assert set(manifest["sampling"]) == set(names)
 
 
 def test_two_runs_of_the_same_input_give_identical_parquet(tiny_checkpoint, tmp_path):
@@ -386,13 +389,14 @@ def test_requests_that_share_a_prefix_give_the_same_rows_as_each_replayed_from_s
     requests = Renderer.from_model_dir(tiny_checkpoint).render(session).requests
     assert len(requests) == 2 and requests[0].input_ids[:50] == requests[1].input_ids[:50]
     shared = shared_prefix(requests[0].input_ids, requests[1].input_ids)
-    _, carry = replay_request(tiny_model, requests[0], 3, BUILTIN_PROFILES, chunk_size=37, keep_at=shared)
+    _, _, carry = replay_request(tiny_model, requests[0], 3, BUILTIN_PROFILES, chunk_size=37, keep_at=shared)
     assert carry is not None and carry.length == shared > 50  # the second request starts after the first's prompt
     reused = replay_session(tiny_model, requests, 3, BUILTIN_PROFILES, chunk_size=37)
-    for (index, columns), request in zip(reused, requests):
-        alone, _ = replay_request(tiny_model, request, 3, BUILTIN_PROFILES, chunk_size=37)
-        for name, values in alone.items():
+    for result, request in zip(reused, requests):
+        alone, fit, _ = replay_request(tiny_model, request, 3, BUILTIN_PROFILES, chunk_size=37)
+        for name, values in list(alone.items()) + list(fit.items()):
+            got = result.columns[name] if name in result.columns else result.fit[name]
             if values.dtype.kind == "f":
-                assert abs(values - columns[name]).max() < 1e-4, name
+                assert abs(values - got).max() < 1e-4, name
             else:
-                assert (values == columns[name]).all(), name
+                assert (values == got).all(), name
