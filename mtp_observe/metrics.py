@@ -22,6 +22,7 @@ Conventions (ACCEPTANCE.md), written down once. Depth k = 1..K sits at index k-1
     support_S = fit_support / fit_tokens        scored tokens x_t with q_t(x_t) > 0 under S
     calibration_S = fit_q / fit_q2              Σ q_t(x_t) / Σ_t Σ_v q_t(v)²: ≈ 1 on S's own samples
     z_S       = (fit_q - fit_q2) / √fit_var     mean 0, variance 1 on S's own samples (below)
+    ll_S      = (fit_ll + (fit_tokens - fit_support) log LL_FLOOR) / fit_tokens   per-token log-likelihood
 
 Every field of `Counts` may carry leading axes ([sessions], [replicates], [groups]) and every
 rate broadcasts over them, so the point estimate, the per-session values and the bootstrap
@@ -52,6 +53,7 @@ class Counts:
     fit_q: np.ndarray  # [..., P]  Σ q_t(x_t)
     fit_q2: np.ndarray  # [..., P]  Σ_t Σ_v q_t(v)²
     fit_var: np.ndarray  # [..., P]  Σ_t (Σ_v q_t(v)³ - (Σ_v q_t(v)²)²)
+    fit_ll: np.ndarray  # [..., P]  Σ log q_t(x_t) over the tokens in the support
 
     def total(self, axis: int = 0) -> "Counts":
         """Pool the counts along a leading axis (token-weighted aggregation)."""
@@ -68,7 +70,7 @@ class Counts:
 
 
 _FIELDS = ("evaluable", "on_path", "accepted", "p_accept", "on_policy", "span_tokens", "steps", "expected_steps",
-           "fit_tokens", "fit_support", "fit_q", "fit_q2", "fit_var")
+           "fit_tokens", "fit_support", "fit_q", "fit_q2", "fit_var", "fit_ll")
 
 
 @dataclass(frozen=True)
@@ -86,13 +88,14 @@ class Rates:
     support: np.ndarray  # [..., P]  support rate of the recorded tokens under each profile
     calibration: np.ndarray  # [..., P]  Σ q(x) / Σ Σ q²
     fit_z: np.ndarray  # [..., P]  z-score of Σ q(x) - Σ Σ q² (NaN where the variance is 0: greedy)
+    log_likelihood: np.ndarray  # [..., P]  per scored token, log q(x), a token outside the support counting log LL_FLOOR
 
     def map(self, fn) -> "Rates":
         return Rates(**{f: fn(getattr(self, f)) for f in RATE_FIELDS})
 
 
 RATE_FIELDS = ("alpha", "accept_rate", "tau", "tau_sim", "tau_profile", "speedup", "speedup_profile", "on_policy",
-               "support", "calibration", "fit_z")
+               "support", "calibration", "fit_z", "log_likelihood")
 
 
 def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -127,6 +130,8 @@ def rates(counts: Counts, c: float, verify_extra: np.ndarray) -> Rates:
         on_policy=ratio(counts.on_policy, counts.evaluable[..., 0]),
         support=ratio(counts.fit_support, counts.fit_tokens[..., None]), calibration=ratio(counts.fit_q, counts.fit_q2),
         fit_z=z,
+        log_likelihood=ratio(counts.fit_ll + (counts.fit_tokens[..., None] - counts.fit_support) * np.log(LL_FLOOR),
+                             counts.fit_tokens[..., None]),
     )
 
 
@@ -143,11 +148,13 @@ def rates(counts: Counts, c: float, verify_extra: np.ndarray) -> Rates:
 # about the squared relative error (~0.1%) — tiny, but over a million tokens it is many standard
 # errors. Hence: the support must be at least MIN_SUPPORT, and the calibration must be either
 # statistically indistinguishable from 1 (|z| <= Z_MAX) or practically 1 (within CALIBRATION_TOLERANCE).
-# Measured on the bundled model (tests/test_verdict.py): its own greedy text under greedy support 1.0;
-# its own T = 0.6 text under thinking_coding support 1.0, calibration 1.001 (z 0.6), under greedy
-# support 0.94; the demo sessions (foreign, written by a script) support 0.75-0.89 under every profile.
+# Among the candidates that fit, the best is the likeliest (best_fit). Measured on the bundled model
+# (tests/test_verdict.py): its own greedy text under greedy support 1.0; its own instruct_general text
+# (T 0.7) under instruct_general support 1.0, calibration 0.998, under greedy support 0.93; the demo
+# sessions (foreign, written by a script) support 0.75-0.89 under every profile.
 
 MIN_SUPPORT = 0.95  # own traffic misses support only through numerics (near-ties, boundaries): 1-2% at most
+LL_FLOOR = 1e-3  # the probability a token outside a candidate's support counts in its log-likelihood
 Z_MAX = 4.0  # |z| above this is not sampling noise (p < 1e-4)
 CALIBRATION_TOLERANCE = 0.01  # ten times the numerics bias of a bf16 replay
 
@@ -161,17 +168,21 @@ def fits(support: float, calibration: float, z: float, greedy: bool, min_support
     return bool(abs(z) <= Z_MAX or abs(calibration - 1.0) <= CALIBRATION_TOLERANCE)
 
 
-def fit_distance(support: float, calibration: float, greedy: bool) -> float:
-    """How far traffic is from a sampler's own (0 = exactly its own); the best-fitting candidate has the least.
+def best_fit(names, log_likelihood, fitting) -> str | None:
+    """The fitting candidate under which the recorded tokens are likeliest (the first on ties), or None.
 
-    greedy: 1 - support; a sampler: the larger of 1 - support and |calibration - 1|. Worked example:
-    the bundled model's greedy text is 0 from greedy and 0.015 from instruct_general (support 0.985).
+    Maximum likelihood picks the true sampler in expectation (the expected log-likelihood of a sample of p
+    under q is largest at q = p), and it tells close samplers apart where the calibration cannot: on the
+    bundled model's own instruct_general text (T 0.7, top-p 0.8, presence 1.5), thinking_coding (T 0.6)
+    has a calibration as close to 1 and a log-likelihood 0.02 nats/token lower. A token outside a
+    candidate's support counts log LL_FLOOR, so greedy (log 1 = 0 on its support) does not win sampled
+    text that misses its argmax 6% of the time (-0.41/token) and does win greedy text (0 against log q(argmax)).
     """
-    if not np.isfinite(support):
-        return float("inf")
-    if greedy:
-        return float(1.0 - support)
-    return float(max(1.0 - support, abs(calibration - 1.0))) if np.isfinite(calibration) else float("inf")
+    best = None
+    for name, ll, ok in zip(names, log_likelihood, fitting):
+        if ok and np.isfinite(ll) and (best is None or ll > best[1]):
+            best = (name, ll)
+    return best[0] if best else None
 
 
 def best_k(speedups: np.ndarray) -> int:

@@ -179,7 +179,7 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     )
     fit = {"tokens": reductions.fit_tokens.cpu().numpy()}
     for name, sums in reductions.fit.items():
-        for stat in ("support", "q", "q2", "var"):
+        for stat in ("support", "q", "q2", "var", "ll"):
             fit[f"{stat}_{name}"] = getattr(sums, stat).cpu().numpy()
     columns = request_rows(ids, segments, plan, index, drafts.tokens, drafts.logprobs, reductions, k_max)  # 4
     return columns, fit, following

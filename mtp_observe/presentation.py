@@ -129,13 +129,14 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
     if rec is not None:
         tables.append(TextTable(
             title=f"recording sampler ({rec.tokens:,} scored tokens): {rec.label}",
-            columns=("candidate", "support", "calibration", "z", "fits", "distance"),
+            columns=("candidate", "support", "calibration", "z", "log-lik/token", "fits"),
             rows=tuple((("→ " if c.name == rec.name else "") + c.name, num(c.support), "" if c.greedy else num(c.calibration),
-                        "" if c.greedy else num(c.z, 1, signed=True), "yes" if c.fits else "no", num(c.distance))
+                        "" if c.greedy else num(c.z, 1, signed=True), num(c.log_likelihood), "yes" if c.fits else "no")
                        for c in rec.candidates),
             caption=f"support = recorded tokens the sampler can emit; calibration = Σ q(x) / Σ Σ q² (1 on the sampler's "
                     f"own traffic, > 1 on greedy traffic, < 1 on foreign text); z its standard score. Fits: support >= "
-                    f"{rec.min_support:g} and calibration within {CALIBRATION_TOLERANCE:g} of 1 or |z| <= {Z_MAX:g}",
+                    f"{rec.min_support:g} and calibration within {CALIBRATION_TOLERANCE:g} of 1 or |z| <= {Z_MAX:g}; "
+                    "→ the recording sampler: declared, else the likeliest that fits",
         ))
     sw = o.session_weighted
     tables.append(TextTable(

@@ -24,7 +24,7 @@ Decisions, written down once:
   sampler). τ(K) is shown under vLLM's name, "mean acceptance length" (per-position formula).
 - The recording sampler: `replay --recorded-with` (run.json) or `report --recorded-with` declares it;
   a run whose sessions carry their own meta.sampling declares it per session (the `recorded` profile);
-  otherwise the best-fitting candidate (metrics.fit_distance) is named. UNRELIABLE only when the
+  otherwise the best-fitting candidate (metrics.best_fit: the likeliest that fits) is named. UNRELIABLE only when the
   traffic fits no declared or candidate sampler (metrics.fits), with the statistics.
 - What-if under another profile S: τ_S = span tokens / expected steps of the walk with S's acceptance
   probabilities (metrics.expected_decode_steps). Depth j's probability is p_accept_S of the row while
@@ -61,7 +61,7 @@ import pyarrow.dataset as pads
 from .errors import OptionError, RunDirectoryError
 from .metrics import (
     CALIBRATION_TOLERANCE, MIN_SESSIONS_FOR_BOOTSTRAP, MIN_SESSIONS_FOR_VERDICT, MIN_SUPPORT, MIN_TURNS_FOR_BOOTSTRAP,
-    RATE_FIELDS, Z_MAX, Counts, Rates, best_k, bootstrap_weights, expected_decode_steps, fit_distance, fits, nanmean,
+    LL_FLOOR, RATE_FIELDS, Z_MAX, Counts, Rates, best_fit, best_k, bootstrap_weights, expected_decode_steps, fits, nanmean,
     percentile_interval, rates, simulate_decode, stratified_weights,
 )
 from .tables import SEGMENTS, _one_line, _run_error, read_manifest
@@ -70,7 +70,7 @@ REPORT_VERSION = 2  # the "report_version" of report_json; bump on an incompatib
 # verdict's τ, speedup from τ_sim, recorded_with, slices.context, tau_profile is the position-aware what-if estimate)
 CONTEXT_BINS = ((0, 4096, "0-4k"), (4096, 16384, "4k-16k"), (16384, 32768, "16k-32k"), (32768, 65536, "32k-64k"),
                 (65536, None, "64k+"))  # [lo, hi) of the anchor position p
-FIT_STATS = ("support", "q", "q2", "var")
+FIT_STATS = ("support", "q", "q2", "var", "ll")
 PROBE_VERSION = 1  # the "probe_version" probe.json carries (written by probe.py)
 
 # ---------------------------------------------------------------------------------------------
@@ -105,7 +105,7 @@ class Spans:
     end: np.ndarray  # [N] int64  e, the end-of-turn token (inclusive)
     turn: np.ndarray  # [N] int64
     fit_tokens: np.ndarray  # [N] int64  scored tokens the fit sums cover (0 in a version-1 run)
-    fit: np.ndarray  # [N, 4, P] float64  support, q, q2, var per profile (FIT_STATS; zeros in a version-1 run)
+    fit: np.ndarray  # [N, 5, P] float64  support, q, q2, var, ll per profile (FIT_STATS; zeros in a version-1 run)
 
 
 @dataclass(frozen=True)
@@ -509,7 +509,7 @@ class Candidate:
     calibration: float  # Σ q(x) / Σ Σ q²
     z: float  # (Σ q(x) - Σ Σ q²) / √variance under own sampling; NaN for greedy (no variance)
     fits: bool  # metrics.fits
-    distance: float  # metrics.fit_distance: 0 = exactly the sampler's own traffic
+    log_likelihood: float  # per scored token (a token outside the support counts log LL_FLOOR); the best fit has the most
 
 
 @dataclass(frozen=True)
@@ -551,7 +551,7 @@ def recording_sampler(run: Run, overall: Rates, recorded_with: str | None, min_s
                               "greedy can be checked; re-run replay to check a sampler")
         rate = float(overall.on_policy)
         candidates = (Candidate("greedy", True, rate, rate, float("nan"), fits(rate, rate, float("nan"), True, min_support),
-                                fit_distance(rate, rate, True)),)
+                                (1 - rate) * math.log(LL_FLOOR)),)
         chosen, declared = "greedy", ("report" if recorded_with else None)
     else:
         listed = [p for p in run.profiles if p != "recorded" or own > 0 or run.manifest.get("recorded_with")
@@ -562,7 +562,7 @@ def recording_sampler(run: Run, overall: Rates, recorded_with: str | None, min_s
             g = greedy(p)
             sup, cal, z = float(overall.support[i]), float(overall.calibration[i]), float(overall.fit_z[i])
             candidates.append(Candidate(p, g, sup, cal, float("nan") if g else z, fits(sup, cal, z, g, min_support),
-                                        fit_distance(sup, cal, g)))
+                                        float(overall.log_likelihood[i])))
         candidates = tuple(candidates)
         if recorded_with is not None:
             if recorded_with not in run.profiles:
@@ -574,8 +574,7 @@ def recording_sampler(run: Run, overall: Rates, recorded_with: str | None, min_s
         elif S and own == S:
             chosen, declared = "recorded", "sessions"
         else:
-            fitting = [c for c in candidates if c.fits]
-            chosen = min(fitting, key=lambda c: c.distance).name if fitting else None
+            chosen = best_fit([c.name for c in candidates], [c.log_likelihood for c in candidates], [c.fits for c in candidates])
             declared = None
     tokens = int(run.spans.fit_tokens.sum()) if run.has_fit else int((run.rows.depth == 1).sum())
     pick = next((c for c in candidates if c.name == chosen), None)
@@ -587,7 +586,7 @@ def recording_sampler(run: Run, overall: Rates, recorded_with: str | None, min_s
     elif declared == "report":
         label = f"{chosen}, declared by --recorded-with"
     elif pick is not None:
-        same = [c.name for c in candidates if c.name != pick.name and c.distance == pick.distance]
+        same = [c.name for c in candidates if c.name != pick.name and c.log_likelihood == pick.log_likelihood]
         label = f"{pick.name} (best fit of {len(candidates)} candidates" + (f"; identical: {', '.join(same)}" if same else "") + ")"
     else:
         label = "none fits"
@@ -745,7 +744,7 @@ def tally(run: Run, row_group: np.ndarray, n_groups: int, span_group: np.ndarray
     first = r.depth == 1
     p_accept = [per_cell(np.where(r.on_path, r.p_accept[:, i], 0.0)) for i in range(P)]
     N = len(run.spans.start)
-    fit = per_span(run.spans.fit)  # [G, 4, P]
+    fit = per_span(run.spans.fit)  # [G, 5, P]
     return Counts(
         evaluable=per_cell().astype(np.int64),
         on_path=per_cell(r.on_path).astype(np.int64),
@@ -756,7 +755,7 @@ def tally(run: Run, row_group: np.ndarray, n_groups: int, span_group: np.ndarray
         steps=per_span(steps.astype(np.float64)).astype(np.int64),
         expected_steps=per_span(expected if expected is not None else np.zeros((N, P, K))),
         fit_tokens=per_span(run.spans.fit_tokens.astype(np.float64)).astype(np.int64),
-        fit_support=fit[:, 0, :], fit_q=fit[:, 1, :], fit_q2=fit[:, 2, :], fit_var=fit[:, 3, :],
+        fit_support=fit[:, 0, :], fit_q=fit[:, 1, :], fit_q2=fit[:, 2, :], fit_var=fit[:, 3, :], fit_ll=fit[:, 4, :],
     )
 
 
@@ -950,7 +949,7 @@ class Comparison:
     context: tuple[Delta, ...] = ()  # context ranges both runs have
 
 
-_PROFILE_FIELDS = ("tau_profile", "speedup_profile", "support", "calibration", "fit_z")  # indexed by profile first
+_PROFILE_FIELDS = ("tau_profile", "speedup_profile")  # [P, K]
 _SCALAR_FIELDS = ("on_policy",)
 
 
@@ -958,7 +957,7 @@ def _restrict(r: Rates, k: int, profile_index: list[int]) -> Rates:
     def cut(field: str, a: np.ndarray) -> np.ndarray:
         if field in _SCALAR_FIELDS:
             return a
-        if field in ("support", "calibration", "fit_z"):
+        if field in ("support", "calibration", "fit_z", "log_likelihood"):
             return a[..., profile_index]
         a = a[..., :k]
         return a[..., profile_index, :] if field in _PROFILE_FIELDS else a
@@ -979,7 +978,7 @@ def _delta(cur: Slice, base: Slice, k: int, cur_p: list[int], base_p: list[int],
         lo = Rates(**{f: v[0] for f, v in bounds.items()})
         hi = Rates(**{f: v[1] for f, v in bounds.items()})
         for f in RATE_FIELDS:
-            if f in ("support", "calibration", "fit_z"):
+            if f in ("support", "calibration", "fit_z", "log_likelihood"):
                 continue  # statistics of the traffic, not of the head
             outside = (getattr(lo, f) > 0) | (getattr(hi, f) < 0)
             for index in zip(*np.nonzero(np.atleast_1d(outside))):
@@ -1112,7 +1111,8 @@ def _num(x) -> float | None:
 def rates_json(r: Rates, profiles: tuple[str, ...]) -> dict:
     """A Rates of [K] arrays -> {"alpha": [K], "accept_rate": [K], "tau": [K], "tau_sim": [K],
     "tau_profile": {profile: [K]}, "speedup": [K], "speedup_profile": {profile: [K]}, "on_policy": x,
-    "support": {profile: x}, "calibration": {profile: x}, "fit_z": {profile: x}}; NaN -> null."""
+    "support": {profile: x}, "calibration": {profile: x}, "fit_z": {profile: x}, "log_likelihood": {profile: x}};
+    NaN -> null."""
     def seq(a):
         return [_num(v) for v in np.asarray(a)]
 
@@ -1124,6 +1124,7 @@ def rates_json(r: Rates, profiles: tuple[str, ...]) -> dict:
         "support": {p: _num(r.support[i]) for i, p in enumerate(profiles)},
         "calibration": {p: _num(r.calibration[i]) for i, p in enumerate(profiles)},
         "fit_z": {p: _num(r.fit_z[i]) for i, p in enumerate(profiles)},
+        "log_likelihood": {p: _num(r.log_likelihood[i]) for i, p in enumerate(profiles)},
     }
 
 
@@ -1148,14 +1149,15 @@ def recording_json(rec: RecordingSampler) -> dict:
 
     def cand(c: Candidate) -> dict:
         return {"name": c.name, "greedy": c.greedy, "support": _num(c.support), "calibration": _num(c.calibration),
-                "z": _num(c.z), "fits": c.fits, "distance": _num(c.distance)}
+                "z": _num(c.z), "fits": c.fits, "log_likelihood": _num(c.log_likelihood)}
 
     return {
         "name": rec.name, "label": rec.label, "declared": rec.declared, "fits": rec.fits,
         "support": _num(pick.support) if pick else None, "calibration": _num(pick.calibration) if pick else None,
         "z": _num(pick.z) if pick else None, "tokens": rec.tokens, "own_sessions": rec.own_sessions,
         "reason": rec.reason,
-        "rule": {"min_support": rec.min_support, "z_max": Z_MAX, "calibration_tolerance": CALIBRATION_TOLERANCE},
+        "rule": {"min_support": rec.min_support, "z_max": Z_MAX, "calibration_tolerance": CALIBRATION_TOLERANCE,
+                 "ll_floor": LL_FLOOR},
         "candidates": [cand(c) for c in rec.candidates],
     }
 

@@ -54,8 +54,9 @@ requests.parquet columns added in version 2:
     fit                 list<struct>, one per entry of `spans` (same order): "tokens" int32 (scored
                         tokens x_t, t = s..e, t >= 1), and per profile P "support_P" int32 (tokens with
                         q_t(x_t) > 0), "q_P" double (Σ q_t(x_t)), "q2_P" double (Σ_t Σ_v q_t(v)²),
-                        "var_P" double (Σ_t Σ_v q_t(v)³ - (Σ_v q_t(v)²)²), q_t the profile's sampler at t
-                        on the recorded prefix (ACCEPTANCE.md, "The recording sampler")
+                        "var_P" double (Σ_t Σ_v q_t(v)³ - (Σ_v q_t(v)²)²), "ll_P" double (Σ log q_t(x_t)
+                        over the tokens with q_t(x_t) > 0), q_t the profile's sampler at t on the
+                        recorded prefix (ACCEPTANCE.md, "The recording sampler")
     recorded_sampling   struct: "source" ("session": its meta.sampling, or the fallback named in
                         run.json sampling.recorded) and the seven parameters the `recorded` profile used
 """
@@ -102,14 +103,15 @@ _POSITION_FIELDS = [
 ]
 
 
-FIT_STATISTICS = (("support", pa.int32()), ("q", pa.float64()), ("q2", pa.float64()), ("var", pa.float64()))
+FIT_STATISTICS = (("support", pa.int32()), ("q", pa.float64()), ("q2", pa.float64()), ("var", pa.float64()),
+                  ("ll", pa.float64()))
 RECORDED_SAMPLING = pa.struct([("source", pa.string()), ("temperature", pa.float64()), ("top_p", pa.float64()),
                                ("top_k", pa.int32()), ("min_p", pa.float64()), ("presence_penalty", pa.float64()),
                                ("frequency_penalty", pa.float64()), ("repetition_penalty", pa.float64())])
 
 
 def fit_type(profiles: list[str]) -> pa.DataType:
-    """One span's recording-sampler sums: tokens, then support/q/q2/var per profile."""
+    """One span's recording-sampler sums: tokens, then support/q/q2/var/ll per profile."""
     return pa.struct([("tokens", pa.int32())] + [(f"{stat}_{p}", t) for p in profiles for stat, t in FIT_STATISTICS])
 
 

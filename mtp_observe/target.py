@@ -466,6 +466,7 @@ class FitSums:
     q: Tensor  # [N] fp64  Σ_t q_t(x_t)
     q2: Tensor  # [N] fp64  Σ_t Σ_v q_t(v)^2
     var: Tensor  # [N] fp64  Σ_t (Σ_v q_t(v)^3 - (Σ_v q_t(v)^2)^2): the variance of Σ_t q_t(x_t) under own sampling
+    ll: Tensor  # [N] fp64  Σ_t log q_t(x_t) over the tokens with q_t(x_t) > 0 (the log-likelihood on the support)
 
 
 @dataclass(frozen=True)
@@ -498,7 +499,7 @@ def reduce_logits(
     draft d_k, recorded x_{p+k}). Each distinct position's logits are computed once. With `turns`
     (a request's spans) the penalties read each position's prompt and output, and every position
     s-1..e-1 of every span is reduced as well, to the fit sums of each profile (the probability of the
-    recorded next token, Σ q², Σ q³); p_accept is computed on the recorded path (its drafts there
+    recorded next token and its log, Σ q², Σ q³); p_accept is computed on the recorded path (its drafts there
     are the recorded tokens, which is what the penalties of a step count).
     """
     device = lm_head.device  # under a device map, the last device; the hidden rows are moved to it
@@ -528,7 +529,7 @@ def reduce_logits(
     if turns is not None:
         span_of = torch.searchsorted(lo, unique, right=True) - 1  # [U] the span whose tokens each position predicts
         assert bool((span_of >= 0).all()) and bool((unique < ends[span_of]).all()), "a row position lies outside every span"
-        fit = {p.name: [torch.zeros(starts.shape[0], dtype=torch.float64, device=device) for _ in range(4)] for p in profiles}
+        fit = {p.name: [torch.zeros(starts.shape[0], dtype=torch.float64, device=device) for _ in range(5)] for p in profiles}
     order = torch.argsort(inverse, stable=True)
     sorted_inverse = inverse[order]
 
@@ -577,6 +578,7 @@ def reduce_logits(
                         sums[1].index_add_(0, spans_here, q_next)
                         sums[2].index_add_(0, spans_here, q2)
                         sums[3].index_add_(0, spans_here, q3 - q2 * q2)
+                        sums[4].index_add_(0, spans_here, torch.where(q_next > 0, q_next, 1.0).log())
         rowmax = logits.gather(1, token[:, None]).squeeze(1)
         draft_logit, actual_logit = logits[local, drafts[sel]] - rowmax[local], logits[local, actuals[sel]] - rowmax[local]
         # log Σ exp(logit - max), in place: logsumexp without another pass for the maxima or another [c, V] buffer
@@ -592,8 +594,7 @@ def reduce_logits(
                 fit[p.name] = fit[first.name]
     if turns is None:
         return Reductions(out_token, out_target, out_actual, out_p)
-    fit_sums = {p.name: FitSums(fit[p.name][0].round().long(), fit[p.name][1], fit[p.name][2], fit[p.name][3])
-                for p in profiles}
+    fit_sums = {p.name: FitSums(fit[p.name][0].round().long(), *fit[p.name][1:]) for p in profiles}
     return Reductions(out_token, out_target, out_actual, out_p, fit_tokens=counts.long(), fit=fit_sums)
 
 
@@ -602,6 +603,6 @@ def _empty_reductions(out_token, out_target, out_actual, out_p, profiles, turns,
         return Reductions(out_token, out_target, out_actual, out_p)
     N = turns.starts.shape[0]
     zero = torch.zeros(N, dtype=torch.float64, device=device)
-    fit = {p.name: FitSums(torch.zeros(N, dtype=torch.long, device=device), zero, zero, zero) for p in profiles}
+    fit = {p.name: FitSums(torch.zeros(N, dtype=torch.long, device=device), zero, zero, zero, zero) for p in profiles}
     return Reductions(out_token, out_target, out_actual, out_p, fit_tokens=torch.zeros(N, dtype=torch.long, device=device),
                       fit=fit)

@@ -10,9 +10,10 @@ ACCEPTANCE.md, written out here independently of the report:
     p_accept      on-path rows (accepted at k-1): thinking 0.5 if matched else 0.1,
                   instruct 1.0 if matched else 0.0, greedy 1.0 if the draft is the target's token;
                   off-path rows 0.99 (must be ignored)
-    fit sums      (schema version 2) per span and profile: (support, q, q2, var) over its t = s..e
+    fit sums      (schema version 2) per span and profile: (support, q, q2, var, ll) over its t = s..e
                   (t >= 1) as given in HandSpan.fit, else every token in the support with q = q2 =
-                  tokens / 2 and var = tokens / 4 (greedy: q = q2 = tokens, var 0): every profile fits
+                  tokens / 2, var = tokens / 4 and ll = -tokens (greedy: q = q2 = tokens, var 0, ll 0):
+                  every profile fits
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class HandSpan:
     matches: list[list[int]]  # per anchor p = s..e-1: match bits at depths 1..min(K, e-p)
     segments: dict[int, str] = field(default_factory=dict)  # position -> segment of x_pos (default "text"; x_e "end")
     off_policy: set[int] = field(default_factory=set)  # anchors whose depth-1 target_token differs from actual
-    fit: dict = field(default_factory=dict)  # profile -> (support, q, q2, var) over the span's scored tokens
+    fit: dict = field(default_factory=dict)  # profile -> (support, q, q2, var[, ll]) over the span's scored tokens
 
     @property
     def end(self) -> int:
@@ -52,8 +53,9 @@ class HandSpan:
 
     def fit_sums(self, profile: str) -> tuple:
         n = self.fit_tokens
-        default = (n, float(n), float(n), 0.0) if profile == "greedy" else (n, n / 2, n / 2, n / 4)
-        return self.fit.get(profile, default)
+        default = (n, float(n), float(n), 0.0, 0.0) if profile == "greedy" else (n, n / 2, n / 2, n / 4, -float(n))
+        sums = tuple(self.fit.get(profile, default))
+        return sums if len(sums) == 5 else sums + (-float(n),)
 
 
 def token(request: int, i: int) -> int:
@@ -106,7 +108,7 @@ def write_run(
             }
             if version >= 2:
                 row["fit"] = [{"tokens": s.fit_tokens, **{f"{stat}_{p}": value for p in profiles
-                               for stat, value in zip(("support", "q", "q2", "var"), s.fit_sums("thinking" if p == "recorded" else p))}}
+                               for stat, value in zip(("support", "q", "q2", "var", "ll"), s.fit_sums("thinking" if p == "recorded" else p))}}
                               for s in ordered]
                 source = "session" if session_id in own_sampler else "fallback"
                 row["recorded_sampling"] = {"source": source, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0,
@@ -196,7 +198,7 @@ def random_sessions(n_sessions: int, k: int, p_match: float, seed: int, span_len
                     prefix: str = "s") -> dict[str, list[HandSpan]]:
     """Many sessions with independent match bits of probability p_match (for baselines and the bootstrap).
 
-    fit_rates: profile -> (support, q, q2, var) per scored token, multiplied by each span's tokens."""
+    fit_rates: profile -> (support, q, q2, var[, ll]) per scored token, multiplied by each span's tokens."""
     import random
 
     rng = random.Random(seed)
@@ -210,7 +212,7 @@ def random_sessions(n_sessions: int, k: int, p_match: float, seed: int, span_len
             matches = [[int(rng.random() < p_match) for _ in range(min(k, e - p))] for p in range(start, e)]
             off = {p for p in range(start, e) if rng.random() < off_policy_rate}
             tokens = e - start + 1
-            fit = {name: (round(r[0] * tokens), r[1] * tokens, r[2] * tokens, r[3] * tokens) for name, r in (fit_rates or {}).items()}
+            fit = {name: (round(r[0] * tokens),) + tuple(x * tokens for x in r[1:]) for name, r in (fit_rates or {}).items()}
             spans.append(HandSpan(request=0, turn=turn, start=start, matches=matches, off_policy=off, fit=fit))
             start = e + 4
         sessions[f"{prefix}{s:03d}"] = spans

@@ -220,7 +220,7 @@ def test_rates_of_empty_depths_are_nan_not_zero():
     counts = Counts(evaluable=np.array([4, 0]), on_path=np.array([4, 0]), accepted=np.array([2, 0]),
                     p_accept=np.zeros((0, 2)), on_policy=np.array(4), span_tokens=np.array(0), steps=np.array([0, 0]),
                     expected_steps=np.zeros((0, 2)), fit_tokens=np.array(0), fit_support=np.zeros(0), fit_q=np.zeros(0),
-                    fit_q2=np.zeros(0), fit_var=np.zeros(0))
+                    fit_q2=np.zeros(0), fit_var=np.zeros(0), fit_ll=np.zeros(0))
     r = rates(counts, 0.1, np.zeros(2))
     assert r.alpha[0] == 0.5 and np.isnan(r.alpha[1]) and np.isnan(r.tau[1]) and np.isnan(r.tau_sim).all()
     assert np.isnan(r.speedup).all()  # the speedup is τ_sim's
@@ -477,7 +477,7 @@ def test_conflicting_or_missing_draft_costs_are_one_line(hand_run, runs, tmp_pat
 REPORT_KEYS = {"report_version", "run", "cost", "bootstrap", "k", "overall", "best", "on_policy", "recorded_with", "verdict",
                "slices", "notes", "baseline"}
 RATES_KEYS = {"alpha", "accept_rate", "tau", "tau_sim", "tau_profile", "speedup", "speedup_profile", "on_policy", "support",
-              "calibration", "fit_z"}
+              "calibration", "fit_z", "log_likelihood"}
 RECORDED_KEYS = {"name", "label", "declared", "fits", "support", "calibration", "z", "tokens", "own_sessions", "reason",
                  "rule", "candidates"}
 
@@ -745,7 +745,9 @@ def test_recording_sampler_statistics_equal_the_hand_computation_and_name_the_be
     rec = report.recording
     assert [c.fits for c in rec.candidates] == [True, False, False]
     assert rec.name == "thinking" and rec.fits and rec.declared is None and rec.tokens == 14
-    assert rec.candidate("thinking").distance == pytest.approx(5.7 / 5.6 - 1)
+    # log-likelihood per token (these spans carry the default -1 per token; instruct's missing token counts log 1e-3)
+    assert rec.candidate("thinking").log_likelihood == pytest.approx(-1.0)
+    assert rec.candidate("instruct").log_likelihood == pytest.approx((-14 + np.log(1e-3)) / 14)
     assert "best fit of 3 candidates" in rec.label
     # per session: A's thinking calibration 2.8 / 2.6, B's (1.3 + 1.6) / (1.3 + 1.7)
     sessions = {s.name: s.value for s in report.sessions}

@@ -114,10 +114,11 @@ def test_the_fit_sums_of_a_span_are_the_recorded_tokens_probabilities_and_the_sq
     assert float(fit.q[0]) == pytest.approx(float(qx.sum()), abs=1e-6)
     assert float(fit.q2[0]) == pytest.approx(float(sum((d ** 2).sum() for d in q)), abs=1e-6)
     assert float(fit.var[0]) == pytest.approx(float(sum((d ** 3).sum() - (d ** 2).sum() ** 2 for d in q)), abs=1e-6)
+    assert float(fit.ll[0]) == pytest.approx(float(sum(torch.log(x) for x in qx if x > 0)), abs=1e-5)
     greedy = red.fit["greedy"]  # greedy: q is a point mass, Σ q² = 1, no variance
     hits = sum(int(ids[t + 1] == logits[t].argmax()) for t in range(1, 5))
     assert greedy.support.tolist() == [hits] and float(greedy.q[0]) == hits and float(greedy.q2[0]) == 4
-    assert float(greedy.var[0]) == 0 and hits >= 1
+    assert float(greedy.var[0]) == 0 and float(greedy.ll[0]) == 0 and hits >= 1
 
 
 # ---------------------------------------------------------------------------------------------
