@@ -320,9 +320,12 @@ def _print_replay_summary(run_dir: Path) -> None:
     for k in range(rep.k):
         t.add_row(str(k + 1), f"{v.alpha[k]:.3f}", f"{v.accept_rate[k]:.3f}", f"{v.tau_sim[k]:.3f}", f"{v.tau[k]:.3f}")
     out.print(t)
-    out.print(f"on-policy rate {float(v.on_policy):.3f}; recording sampler: {rep.recording.label}"
-              + ("" if rep.recording.fits else " — the traffic fits no sampler of this target (mtp-observe report says why)"),
-              markup=False, soft_wrap=True)
+    rec = rep.recording
+    fit = (f"recording sampler: {rec.label}" if rec.fits else
+           f"recording sampler: none of the {len(rec.candidates)} candidates fits these sessions, so they are not this "
+           "target's own traffic (mtp-observe report lists the statistics)" if rec.name is None else
+           f"recording sampler: {rec.label} does not fit these sessions (mtp-observe report lists the statistics)")
+    out.print(f"on-policy rate {float(v.on_policy):.3f}; {fit}", markup=False, soft_wrap=True)
     out.print(f"run directory: {run_dir}   next: mtp-observe report {run_dir}", soft_wrap=True)
 
 

@@ -1,9 +1,13 @@
-"""The target: chunked prefill through transformers' Qwen3.5, and the reductions of its logits.
+"""The target: chunked prefill through transformers' Qwen3.5, its serving sampler, and the reductions of its logits.
 
 Contract: `prefill_hidden` runs one request's tokens through the model's own cache in chunks
 and returns the post-final-norm hidden state at every position — the tensor the lm_head
-consumes and the one the MTP head pairs with the next token. Nothing vocabulary-sized is
-kept here; logits are reduced chunk by chunk where rows need them.
+consumes and the one the MTP head pairs with the next token. `sampler_distribution(logits,
+profile, penalty_state)` is the serving sampler as vLLM applies it (penalties, temperature,
+min-p, top-k, top-p; the rules and their sources are listed above `SamplingProfile`), a pure
+function from a chunk of logits [c, V] to the distribution it draws from — what the replay
+scores and what a generator samples from. `reduce_logits` applies the lm_head chunk by chunk
+where rows need it and keeps reductions only: nothing vocabulary-sized is kept here.
 """
 
 from __future__ import annotations
@@ -117,6 +121,7 @@ def prefill_hidden(model, input_ids: Tensor, chunk_size: int = 2048) -> Tensor:
 
 _SAMPLING_EPS = 1e-5  # vLLM: a temperature below this samples greedily
 TIE_SLACK = 8  # ranked values kept past top_k, so that logits tied with the k-th are found without a full pass
+PENALTY_SLACK = 32  # raw ranked values kept past that, so the penalised rankings come from it (penalised_ranking)
 SAMPLING_PARAMS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                    "repetition_penalty")  # vLLM SamplingParams names
 NO_PENALTIES = (1.0, 0.0, 0.0)  # (repetition, frequency, presence)
@@ -367,6 +372,34 @@ def penalised(logits: Tensor, penalties: tuple[float, float, float], state: Pena
         logits[:, columns] = saved
 
 
+def penalised_ranking(raw: tuple[Tensor, Tensor], logits: Tensor, state: PenaltyState | None, width: int) -> tuple[Tensor, Tensor]:
+    """The top `width` of the penalised logits, from the raw logits' ranking and the penalised columns, with no
+    pass over the vocabulary. raw: the unpenalised logits' topk(m), m >= width; logits: [c, V] carrying the
+    penalties (written on the state's columns); -> (values [c, width] descending, index [c, width]).
+
+    The candidates are the raw top m with the penalised tokens' new values in place of theirs, plus every
+    penalised token. A token among neither is unpenalised and at most the raw m-th value, so wherever that
+    value is below the width-th candidate the candidates' top is the top; other rows (many ranked tokens
+    pushed down at once) are ranked again on the penalised logits.
+    """
+    values, index = raw
+    if state is None or state.tokens.numel() == 0:
+        return values[:, :width], index[:, :width]
+    columns = state.tokens.to(logits.device)
+    c = logits.shape[0]
+    candidate_values = torch.cat([values.masked_fill(torch.isin(index, columns), float("-inf")), logits[:, columns]], 1)
+    candidate_index = torch.cat([index, columns.expand(c, -1)], 1)
+    top, where = candidate_values.topk(width, dim=-1)
+    top_index = candidate_index.gather(1, where)
+    unsure = values[:, -1] >= top[:, -1]  # an unseen token could reach the top
+    if bool(unsure.any()):
+        rows = torch.nonzero(unsure).squeeze(1)
+        again = logits[rows].topk(width, dim=-1)
+        top, top_index = top.clone(), top_index.clone()
+        top[rows], top_index[rows] = again
+    return top, top_index
+
+
 @dataclass(frozen=True)
 class Distribution:
     """A sampler's distribution over the vocabulary at c positions, held as its possibly non-zero part.
@@ -544,6 +577,7 @@ def reduce_logits(
     any_penalties = any(p.penalised for p in distinct.values())
     full_sort = any(not (0 < p.top_k < V) and not p.is_greedy and (p.top_p < 1 or p.min_p > 0) for p in distinct.values())
     chunk = max(1, budget // (V * ((3 if full_sort else 1) + (1 if any_penalties else 0))))
+    top_k_all = max((p.top_k for p in distinct.values() if not p.is_greedy and 0 < p.top_k < V), default=0)
     for c0 in range(0, unique.shape[0], chunk):
         c1 = min(unique.shape[0], c0 + chunk)
         lo_r, hi_r = torch.searchsorted(sorted_inverse, torch.tensor([c0, c1], device=device)).tolist()
@@ -560,10 +594,12 @@ def reduce_logits(
             if any_penalties:
                 state = turn_penalty_state(ids, starts[spans_here], here, with_prompt)
         every = torch.arange(c1 - c0, device=device)
-        for penalties, members in groups.items():
+        raw = logits.topk(min(top_k_all + TIE_SLACK + (PENALTY_SLACK if any_penalties else 0), V), dim=-1) if top_k_all else None
+        for penalties, members in groups.items():  # one ranking of the raw logits for every set of penalties
             with penalised(logits, penalties, state):
                 top_k = max((p.top_k for p in members if not p.is_greedy and 0 < p.top_k < V), default=0)
-                ranked = logits.topk(min(top_k + TIE_SLACK, V), dim=-1) if top_k else None  # one ranking for the set
+                ranked = penalised_ranking(raw, logits, state if penalties != NO_PENALTIES else None,
+                                           min(top_k + TIE_SLACK, V)) if top_k else None
                 for p in members:
                     if p.is_greedy and penalties == NO_PENALTIES:
                         dist = Distribution(torch.ones(c1 - c0, 1, device=device), token[:, None])

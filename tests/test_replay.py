@@ -308,6 +308,11 @@ def test_on_error_skip_records_the_skipped_session_and_its_reason_in_run_json(ti
 @pytest.mark.parametrize("args, needle", [
     (["--k", "0"], "--k 0"),
     (["--sampling", "bad"], "--sampling bad"),
+    (["--sampling", "x=1,0.9"], "--sampling x=1,0.9"),
+    (["--sampling", "x=1,0.9,20,mystery=2"], "unknown key 'mystery'"),
+    (["--sampling", "x=1,1.5,20"], "top_p 1.5 is outside (0, 1]"),
+    (["--sampling", "recorded=1,1,0"], "'recorded' is the profile of each session's own sampler"),
+    (["--recorded-with", "nobody"], "--recorded-with nobody: no such profile"),
     (["--device", "tpu"], "--device tpu"),
     (["--dtype", "int8"], "--dtype int8"),
     (["--max-sessions", "0"], "--max-sessions 0"),
@@ -316,6 +321,56 @@ def test_bad_options_are_one_line_and_exit_2(tiny_checkpoint, tmp_path, args, ne
     path = write_sessions(tmp_path / "s.jsonl", [SESSION])
     r = run_cli("replay", path, "--model", tiny_checkpoint, "--out", tmp_path / "run", *args)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_sessions_own_meta_sampling_scores_its_recorded_profile_and_the_others_use_the_declared_one(tiny_checkpoint, tmp_path):
+    own = dict(SESSION, id="own", meta={"sampling": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "presence_penalty": 1.5,
+                                                     "seed": 7, "max_tokens": 512, "min_p": None}})
+    path = write_sessions(tmp_path / "s.jsonl", [own, dict(SESSION, id="plain")])
+    run = replay([path], tiny_checkpoint, tmp_path / "run", ReplayOptions(k=2, device="cpu", recorded_with="thinking_coding"))
+    manifest = json.loads((run / "run.json").read_text())
+    assert manifest["recorded_with"] == "thinking_coding" and manifest["sampling"]["recorded"]["fallback"] == "thinking_coding"
+    rows = pd.read_parquet(run / "positions.parquet")
+    mine, other = rows[rows.session_id == "own"], rows[rows.session_id == "plain"]
+    assert (mine.p_accept_recorded == mine.p_accept_instruct_general).all()  # its own sampler is the card's instruct_general
+    assert (other.p_accept_recorded == other.p_accept_thinking_coding).all()  # the declared one
+    assert (mine.p_accept_recorded != mine.p_accept_thinking_coding).any()
+    requests = pd.read_parquet(run / "requests.parquet")
+    sampling = {r.session_id: r.recorded_sampling for r in requests.itertuples()}
+    assert sampling["own"]["source"] == "session" and sampling["own"]["presence_penalty"] == 1.5
+    assert sampling["plain"]["source"] == "fallback" and sampling["plain"]["temperature"] == 0.6
+    fit = requests[requests.session_id == "own"].fit.iloc[0][0]
+    assert fit["q_recorded"] == fit["q_instruct_general"] and fit["support_recorded"] == fit["support_instruct_general"]
+    from mtp_observe.report import load_run
+
+    loaded = load_run(run)
+    assert loaded.own_sampler.tolist() == [True, False]
+
+
+def test_a_malformed_meta_sampling_is_one_line_naming_the_session_or_skipped(tiny_checkpoint, tmp_path):
+    bad = dict(SESSION, id="hot", meta={"sampling": {"temperature": -1}})
+    path = write_sessions(tmp_path / "s.jsonl", [bad, dict(SESSION, id="fine")])
+    r = run_cli("replay", path, "--model", tiny_checkpoint, "--device", "cpu", "--k", "1", "--out", tmp_path / "run")
+    assert r.returncode == 2 and "session hot" in r.stderr and "meta.sampling temperature -1 < 0" in r.stderr
+    r = run_cli("replay", path, "--model", tiny_checkpoint, "--device", "cpu", "--k", "1", "--out", tmp_path / "skip",
+                "--on-error", "skip")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "skip" / "run.json").read_text())["counts"]["sessions_skipped"] == 1
+
+
+def test_recorded_with_a_new_sampler_defines_it_and_stores_it_in_run_json(tiny_checkpoint, tmp_path):
+    path = write_sessions(tmp_path / "s.jsonl", [SESSION])
+    r = run_cli("replay", path, "--model", tiny_checkpoint, "--device", "cpu", "--k", "1", "--out", tmp_path / "run",
+                "--recorded-with", "mine=0.9,0.9,10,1.0", "--sampling", "greedy=0,1,0,repetition_penalty=1.2")
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert manifest["recorded_with"] == "mine"
+    assert manifest["sampling"]["mine"] == {"temperature": 0.9, "top_p": 0.9, "top_k": 10, "min_p": 0.0,
+                                            "presence_penalty": 1.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+    assert manifest["sampling"]["greedy"]["repetition_penalty"] == 1.2  # a built-in name is replaced
+    assert list(manifest["sampling"])[:4] == ["thinking_general", "thinking_coding", "instruct_general", "instruct_reasoning"]
+    report = run_cli("report", tmp_path / "run", "--format", "json")
+    assert json.loads(report.stdout)["recorded_with"]["declared"] == "replay"
 
 
 # --- memory -----------------------------------------------------------------------------------

@@ -231,3 +231,21 @@ def test_a_dense_distribution_puts_each_kept_probability_at_its_token():
     d = Distribution(torch.tensor([[0.25, 0.75]]), torch.tensor([[3, 1]]))
     assert d.dense(5).tolist() == [[0.0, 0.75, 0.0, 0.25, 0.0]]
     assert d.at(torch.tensor([0, 0]), torch.tensor([1, 2])).tolist() == [0.75, 0.0]
+
+
+def test_the_penalised_ranking_from_the_raw_one_is_the_top_of_the_penalised_logits():
+    from mtp_observe.target import penalised, penalised_ranking
+
+    gen = torch.Generator().manual_seed(5)
+    c, V = 40, 500
+    logits = torch.randn(c, V, generator=gen) * 2
+    logits[:, :40] += 6  # forty tokens lead every row ...
+    outputs = [list(range(0, 40 if r % 2 else 5)) for r in range(c)]  # ... and half the rows have generated all of them
+    state = PenaltyState.from_tokens([[]] * c, outputs)
+    raw = logits.topk(20 + 8 + 32, dim=-1)
+    # presence 8 pushes forty ranked tokens down on the odd rows (ranked again) and five on the even ones (merged)
+    with penalised(logits, (1.0, 0.0, 8.0), state):
+        values, index = penalised_ranking(raw, logits, state, 28)
+        want = logits.topk(28, dim=-1)
+        assert torch.equal(logits.gather(1, index), values)  # the indices hold those values
+    assert torch.equal(values, want.values)
