@@ -191,14 +191,16 @@ def delta_tables(report: Report, comparison: Comparison) -> list[TextTable]:
     d = comparison.overall
     K = comparison.k
     kb = min(report.best_k, K)
+    shown = {c.name for c in report.recording.candidates} if report.recording is not None else set(comparison.profiles)
+    what_if = [i for i, p in enumerate(comparison.profiles) if p in shown]
     by_k = TextTable(
         title="Δ by K (current - baseline, token-weighted)",
-        columns=("K", "Δα_k", "ΔA_k", "Δτ_sim(K)", "Δspeedup", "Δτ(K) vLLM", *[f"Δτ_{p} est" for p in comparison.profiles]),
+        columns=("K", "Δα_k", "ΔA_k", "Δτ_sim(K)", "Δspeedup", "Δτ(K) vLLM", *[f"Δτ_{comparison.profiles[i]} est" for i in what_if]),
         rows=tuple(
             (str(k), delta_cell(d, "alpha", k - 1, f"alpha@k={k}"), delta_cell(d, "accept_rate", k - 1, f"accept_rate@k={k}"),
              delta_cell(d, "tau_sim", k - 1, f"tau_sim@K={k}"), delta_cell(d, "speedup", k - 1, f"speedup@K={k}"),
              delta_cell(d, "tau", k - 1, f"tau@K={k}"),
-             *[delta_cell(d, "tau_profile", (i, k - 1), f"tau_profile[{i}]@K={k}") for i in range(len(comparison.profiles))])
+             *[delta_cell(d, "tau_profile", (i, k - 1), f"tau_profile[{i}]@K={k}") for i in what_if])
             for k in range(1, K + 1)
         ),
         caption=f"Δon-policy {delta_cell(d, 'on_policy', (), 'on_policy')}; "

@@ -667,6 +667,7 @@ class Resampling:
     weights: np.ndarray | None  # [B, U] draws of each unit (U = sessions or spans); None for "none"
     note: str | None  # said in the report when the unit is not the session
     strata: np.ndarray | None = None  # [U] the session of each turn ("turn" only)
+    keys: tuple | None = None  # [U] (session id, request, start) of each turn ("turn" only), to pair turns across runs
 
 
 def resampling_for(run: Run, replicates: int, seed: int) -> Resampling:
@@ -677,7 +678,9 @@ def resampling_for(run: Run, replicates: int, seed: int) -> Resampling:
         return Resampling("turn", stratified_weights(run.spans.session, replicates, seed),
                           f"{S} session(s), fewer than the {MIN_SESSIONS_FOR_BOOTSTRAP} a bootstrap over sessions needs: "
                           f"the intervals resample the {N} turns within their sessions, so they show turn-to-turn "
-                          "variation only, not session-to-session", strata=run.spans.session)
+                          "variation only, not session-to-session", strata=run.spans.session,
+                          keys=tuple((run.sessions[a], int(b), int(c)) for a, b, c in
+                                     zip(run.spans.session, run.spans.request, run.spans.start)))
     return Resampling("none", None, f"{S} session(s) and {N} turn(s): too few to resample "
                                     f"(at least {MIN_TURNS_FOR_BOOTSTRAP} turns are needed); no intervals")
 
@@ -999,8 +1002,10 @@ def compare(current: Report, baseline: Report) -> Comparison:
 
     Replicates: when both runs resample sessions, one draw over the union of their session ids (by id)
     gives each run the weights of its own sessions, so a session both runs have is drawn equally in both
-    (paired) and the others independently; otherwise (turns resampled, or no interval) the two runs are
-    resampled independently (unpaired). The comparison says how many sessions differ."""
+    (paired) and the others independently; when both resample turns, the same over the union of their
+    turns (by session id, request and start), within sessions; otherwise (one run without intervals, or
+    one resampling sessions and the other turns) the two runs are resampled independently (unpaired).
+    The comparison says how many sessions differ."""
     k = min(current.k, baseline.k)
     profiles = tuple(p for p in current.profiles if p in baseline.profiles)
     cur_p = [current.profiles.index(p) for p in profiles]
@@ -1018,13 +1023,23 @@ def compare(current: Report, baseline: Report) -> Comparison:
         position = {s: i for i, s in enumerate(union)}
         cur_w = weights[:, [position[s] for s in cur_ids]]
         base_w = weights[:, [position[s] for s in base_ids]]
-    paired = both_sessions and shared > 0
+    both_turns = (current.resampling is not None and baseline.resampling is not None
+                  and current.resampling.unit == baseline.resampling.unit == "turn")
+    if both_turns:
+        cur_keys, base_keys = list(current.resampling.keys), list(baseline.resampling.keys)
+        union_keys = cur_keys + [key for key in base_keys if key not in set(cur_keys)]
+        session_code = {sid: i for i, sid in enumerate(dict.fromkeys(key[0] for key in union_keys))}
+        weights = stratified_weights(np.array([session_code[key[0]] for key in union_keys]), B, seed)
+        position = {key: i for i, key in enumerate(union_keys)}
+        cur_w = weights[:, [position[key] for key in cur_keys]]
+        base_w = weights[:, [position[key] for key in base_keys]]
+    paired = (both_sessions or both_turns) and shared > 0
     if paired:
-        note = (f"{shared} session(s) in both runs are resampled jointly (paired)"
+        note = (f"{shared} session(s) in both runs are resampled jointly (paired{', by turn' if both_turns else ''})"
                 + (f"; {only_cur} only in this run and {only_base} only in the baseline are resampled independently"
                    if only_cur or only_base else ""))
     else:
-        why = "no session id in common" if shared == 0 else "turns are resampled in at least one run"
+        why = "no session id in common" if shared == 0 else "the runs resample different units (sessions, turns)"
         note = (f"unpaired ({why}): the two runs are resampled independently; {shared} session(s) shared, {only_cur} only "
                 f"in this run, {only_base} only in the baseline")
 
@@ -1032,6 +1047,9 @@ def compare(current: Report, baseline: Report) -> Comparison:
         if both_sessions and cur.per_session is not None and base.per_session is not None:
             return (rates(cur.per_session.resample(cur_w), current.cost.c, current.cost.verify_extra),
                     rates(base.per_session.resample(base_w), baseline.cost.c, baseline.cost.verify_extra))
+        if both_turns and cur.per_unit is not None and base.per_unit is not None:
+            return (rates(cur.per_unit.resample(cur_w), current.cost.c, current.cost.verify_extra),
+                    rates(base.per_unit.resample(base_w), baseline.cost.c, baseline.cost.verify_extra))
         if cur.replicates is None or base.replicates is None or base.per_unit is None or baseline.resampling is None:
             return None
         other = baseline.resampling  # redraw the baseline's resamples with another seed: independent of the current's

@@ -863,3 +863,13 @@ def test_context_slices_split_rows_by_the_anchor_position_and_long_sessions_are_
     assert "### by context length at the anchor" in md.stdout and "| 16k-32k |" in md.stdout
     data = json.loads(cli("report", str(run), "--format", "json").stdout)
     assert [s["name"] for s in data["slices"]["context"]] == ["0-4k", "4k-16k", "16k-32k"]
+
+
+def test_runs_that_resample_turns_are_compared_pairwise_by_turn(runs):
+    sessions = random_sessions(3, 3, 0.7, seed=12, span_len=(20, 30))
+    for sid in sessions:
+        sessions[sid] = [HandSpan(request=i, turn=i, start=3, matches=s.matches) for i, s in enumerate(sessions[sid] * 4)]
+    run = write_run(runs / "few", sessions, k=3)
+    c = read_and_summarize(run, baseline=run, replicates=200).comparison
+    assert c.paired and "paired, by turn" in c.note
+    assert np.all(c.overall.lo.tau_sim == 0) and np.all(c.overall.hi.tau_sim == 0)
