@@ -1,7 +1,15 @@
 """The pipeline: the one place that ties the stages together.
 
 Contract: `load_model` turns a checkpoint directory into the target (transformers) and the
-head (ours, borrowing the target's embedding and lm_head), on one device and dtype.
+head (ours, borrowing the target's embedding and lm_head), on one device and dtype. `replay`
+writes a run directory (tables.py) from session files.
+
+Which samplers a replay scores (one p_accept_<profile> column and one set of fit sums each):
+`default_profiles` (the Qwen3.5 card's four, greedy, the checkpoint's generation_config when it
+has one), replaced or extended by `--sampling`, plus `recorded`: each session's own meta.sampling
+(`session_sampler`; a key absent or null takes the server default, generation_config, else vLLM's),
+and for a session without one the fallback (`recorded_fallback`: the `--recorded-with` sampler,
+else generation_config, else vLLM's defaults). Profiles with equal parameters are computed once.
 """
 
 from __future__ import annotations
