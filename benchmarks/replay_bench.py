@@ -2,6 +2,7 @@
 
     python benchmarks/replay_bench.py [--sessions N] [--threads T] [--device cpu|cuda] [--dtype ...] [--json OUT]
                                       [--dims small|0.8b|27b] [--layers L] [--source auto|public|generated] [--vocab V]
+                                      [--profiles default|two]
 
 Workload: a Qwen3.5-shaped model with the real vocabulary (248,320) written with random weights
 (`--dims small`, the default, has reduced depth and width so it runs on a laptop CPU; `0.8b` and
@@ -12,10 +13,15 @@ sessions_bench.py). Reported in one run:
     replay      the pipeline's replay of every request (target prefill, head row pass and chain,
                 lm_head reductions at the rows' positions, rows)
     prefill     the bare target prefill on the same requests (hidden states only, no lm_head)
-    ratio       replay / prefill
+    ratio       replay / prefill (wall time); replay_cpu_s / prefill_cpu_s: the process's CPU time, which a
+                shared machine disturbs less than wall time
     FLOP floor  the same ratio computed from FLOPs alone (matmuls and attention; what the replay
                 must do beyond the prefill: head rows, chain steps, lm_head at scored positions)
     tokens/s    replayed tokens per second; peak RSS (and peak GPU memory on CUDA)
+
+Profiles: `default` scores what `replay` scores by default (the built-in profiles, the checkpoint's
+generation_config and `recorded`, equal ones computed once); `two` scores the two penalty-free top-k
+profiles the replay had before penalties (T 0.6/0.95/20 and 0.7/0.8/20), to compare like with like.
 """
 
 from __future__ import annotations
@@ -32,11 +38,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtp_observe.pipeline import load_model, replay_session, resolve_device, resolve_dtype, shared_prefix  # noqa: E402
+from mtp_observe.pipeline import (  # noqa: E402
+    RECORDED, ReplayOptions, default_profiles, load_model, recorded_fallback, replay_session, resolve_device, resolve_dtype,
+    shared_prefix,
+)
 from mtp_observe.rendering import Renderer  # noqa: E402
 from mtp_observe.sessions import read_sessions  # noqa: E402
 from mtp_observe.synthetic import SyntheticSpec, write_synthetic_checkpoint  # noqa: E402
-from mtp_observe.target import BUILTIN_PROFILES, prefill  # noqa: E402
+from mtp_observe.target import SamplingProfile, prefill  # noqa: E402
 
 DIMS = {
     # reduced width and depth, real vocabulary, the real 3:1 linear/full layer pattern
@@ -127,6 +136,7 @@ def main() -> None:
                     help="tau-bench sessions of ../shared/sessions-public (auto: when present) or generated ones")
     ap.add_argument("--vocab", type=int, default=248_320, help="vocabulary size (the real one by default; smaller for a smoke test)")
     ap.add_argument("--chunk-size", type=int, default=2048)
+    ap.add_argument("--profiles", default="default", choices=("default", "two"))
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--keep-model", type=Path, default=None, help="write the checkpoint here and keep it (e.g. for probe)")
     args = ap.parse_args()
@@ -143,6 +153,12 @@ def main() -> None:
     model_dir = write_synthetic_checkpoint(args.keep_model or work / "model", spec)
     print(f"model written in {time.time() - t0:.0f} s: {args.dims} dims, vocab {args.vocab:,}, {spec.num_hidden_layers} layers")
     model = load_model(model_dir, device=device, dtype=dtype)
+    if args.profiles == "two":
+        profiles = (SamplingProfile("thinking", 0.6, 0.95, 20), SamplingProfile("instruct", 0.7, 0.8, 20))
+    else:
+        defaults = default_profiles(model_dir)
+        fallback, _ = recorded_fallback(ReplayOptions(profiles=defaults), model_dir)
+        profiles = defaults + (fallback.renamed(RECORDED),)
     renderer = Renderer.from_model_dir(model_dir)
     sessions = [renderer.render(s).requests for s in read_sessions([sessions_file(work, args.sessions, args.source)])]
     requests = [r for s in sessions for r in s]
@@ -156,11 +172,11 @@ def main() -> None:
 
     # Warm-up on the smallest request, then each measurement over every request.
     smallest = min(requests, key=lambda r: len(r.input_ids))
-    replay_session(model, [smallest], args.k, BUILTIN_PROFILES, args.chunk_size)
+    replay_session(model, [smallest], args.k, profiles, args.chunk_size)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     sync()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for s in sessions:  # the bare target over the same new tokens: the same prefix reuse, no head, no lm_head
         carry = None
         for r, after in zip(s, [*s[1:], None]):
@@ -169,17 +185,18 @@ def main() -> None:
             carry = carry if carry is not None and 2 <= carry.length < len(r.input_ids) else None
             _, carry = prefill(model.target, torch.tensor(r.input_ids), args.chunk_size, prefix=carry, keep_at=keep)
     sync()
-    prefill_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    prefill_s, prefill_cpu = time.perf_counter() - t0, time.process_time() - c0
+    t0, c0 = time.perf_counter(), time.process_time()
     for s in sessions:
-        replay_session(model, s, args.k, BUILTIN_PROFILES, args.chunk_size)
+        replay_session(model, s, args.k, profiles, args.chunk_size)
     sync()
-    replay_s = time.perf_counter() - t0
+    replay_s, replay_cpu = time.perf_counter() - t0, time.process_time() - c0
     f_prefill, f_replay = flops(model, sessions, args.k)
     result = {
         "dims": args.dims, "vocab": args.vocab, "sessions": len(sessions), "layers": spec.num_hidden_layers, "device": device, "dtype": str(dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(), "k": args.k, "requests": len(requests), "tokens": tokens, "new_tokens": unique, "scored_tokens": scored,
+        "threads": torch.get_num_threads(), "k": args.k, "profiles": [p.name for p in profiles], "requests": len(requests), "tokens": tokens, "new_tokens": unique, "scored_tokens": scored,
         "replay_s": round(replay_s, 2), "prefill_s": round(prefill_s, 2), "ratio": round(replay_s / prefill_s, 2),
+        "replay_cpu_s": round(replay_cpu, 2), "prefill_cpu_s": round(prefill_cpu, 2),
         "flop_floor_ratio": round(f_replay / f_prefill, 2), "tokens_per_s": round(tokens / replay_s, 1),
         "new_tokens_per_s": round(unique / replay_s, 1),
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),

@@ -237,23 +237,35 @@ def _show_session(files, renderer, session_id: str, on_error: str) -> None:
     raise OptionError(f"--show {session_id}: no session with that id in {', '.join(map(str, files))}")
 
 
-def _parse_sampling(specs: list[str]):
-    from .target import BUILTIN_PROFILES, SamplingProfile
+def _parse_sampling(specs: list[str], recorded_with: Optional[str] = None):
+    """--sampling specs and --recorded-with -> (profiles, the declared profile's name or None).
 
-    profiles = {p.name: p for p in BUILTIN_PROFILES}
-    for spec in specs:
-        name, _, values = spec.partition("=")
-        parts = values.split(",")
+    The profiles are the built-in ones and the checkpoint's generation_config (added by the replay),
+    replaced or extended by --sampling; --recorded-with NAME=... adds (or replaces) one more."""
+    from .target import profile_from_spec
+
+    profiles = {}
+    declared = None
+    for option, spec in [("--sampling", s) for s in specs] + ([("--recorded-with", recorded_with)] if recorded_with else []):
+        if option == "--recorded-with" and "=" not in spec:
+            declared = spec
+            continue
         try:
-            if not name or len(parts) != 3:
-                raise ValueError
-            t, top_p, top_k = float(parts[0]), float(parts[1]), int(parts[2])
-            if t < 0 or not 0 < top_p <= 1:
-                raise ValueError
-        except ValueError:
-            raise OptionError(f"--sampling {spec}: expected NAME=TEMPERATURE,TOP_P,TOP_K, e.g. creative=1.0,0.95,50 (top_k 0 = off)")
-        profiles[name] = SamplingProfile(name, t, top_p, top_k)  # a built-in name is replaced
-    return tuple(profiles.values())
+            profile = profile_from_spec(spec)
+        except ValueError as e:
+            raise OptionError(f"{option} {spec}: {e} (e.g. creative=1.0,0.95,50 or chat=0.7,0.8,20,1.5; top_k 0 = off)")
+        profiles[profile.name] = profile  # a built-in name is replaced
+        declared = profile.name if option == "--recorded-with" else declared
+    return tuple(profiles.values()), declared
+
+
+def _with_defaults(extra, model_dir: Path) -> tuple:
+    """The default profiles, each replaced by an --sampling profile of the same name, then the new ones."""
+    from .pipeline import default_profiles
+
+    by_name = {p.name: p for p in default_profiles(model_dir)}
+    by_name.update({p.name: p for p in extra})
+    return tuple(by_name.values())
 
 
 class _ProgressObserver:
@@ -290,7 +302,8 @@ def replay(
     k: Annotated[int, typer.Option("--k", help="Draft depth Kmax; one replay answers every K <= Kmax.")] = 4,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run directory (default: reports/run-<time>).")] = None,
     chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill chunk (tokens) for the target and the head's row pass.")] = 2048,
-    sampling: Annotated[Optional[list[str]], typer.Option("--sampling", help="Extra sampling profile NAME=T,TOP_P,TOP_K (repeatable; thinking and instruct are built in).")] = None,
+    sampling: Annotated[Optional[list[str]], typer.Option("--sampling", help="Extra sampling profile NAME=T,TOP_P,TOP_K[,PRESENCE[,FREQUENCY[,REPETITION[,MIN_P]]]] (repeatable; the Qwen3.5 card's four, greedy and generation_config are built in).")] = None,
+    recorded_with: Annotated[Optional[str], typer.Option("--recorded-with", help="The sampler the sessions were recorded with: greedy, a profile NAME, or NAME=T,TOP_P,TOP_K[,...] (default: the report names the best fit).")] = None,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")] = "auto",
     dtype: Annotated[str, typer.Option("--dtype", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16")] = "auto",
     resume: Annotated[bool, typer.Option("--resume", help="Continue an unfinished run in --out without recomputing finished sessions.")] = False,
@@ -311,7 +324,9 @@ def replay(
     bundled = model is None
     model_dir = _model_dir(model)
     out_path = out_dir or default_run_dir()
-    opts = ReplayOptions(k=k, chunk_size=chunk_size, device=device, dtype=dtype, profiles=_parse_sampling(sampling or []),
+    extra, declared = _parse_sampling(sampling or [], recorded_with)
+    opts = ReplayOptions(k=k, chunk_size=chunk_size, device=device, dtype=dtype,
+                         profiles=_with_defaults(extra, model_dir), recorded_with=declared,
                          on_error=on_error, max_sessions=max_sessions, resume=resume, overwrite=overwrite,
                          device_map=device_map, template=overrides)
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
@@ -332,7 +347,7 @@ def replay(
 
 
 def _print_replay_summary(run_dir: Path) -> None:
-    """One screen: what was replayed, α_k per depth, τ_sim(K) for each K, the on-policy rate, where it went."""
+    """One screen: what was replayed, α_k per depth, τ_sim(K) for each K, the recording sampler, where it went."""
     from .report import load_run, resolve_cost, summarize
 
     run = load_run(run_dir)
@@ -345,13 +360,16 @@ def _print_replay_summary(run_dir: Path) -> None:
     t.add_column("α_k (conditional)", justify="right")
     t.add_column("A_k (per position)", justify="right")
     t.add_column("τ_sim(K)", justify="right")
-    t.add_column("τ(K) analytic", justify="right")
+    t.add_column("τ(K) vLLM", justify="right")
     for k in range(rep.k):
         t.add_row(str(k + 1), f"{v.alpha[k]:.3f}", f"{v.accept_rate[k]:.3f}", f"{v.tau_sim[k]:.3f}", f"{v.tau[k]:.3f}")
     out.print(t)
-    on_policy = float(v.on_policy)
-    warn = "" if on_policy >= 0.9 else "  (low: these sessions were not generated by this model under greedy decoding)"
-    out.print(f"on-policy rate {on_policy:.3f}{warn}")
+    rec = rep.recording
+    fit = (f"recording sampler: {rec.label}" if rec.fits else
+           f"recording sampler: none of the {len(rec.candidates)} candidates fits these sessions, so they are not this "
+           "target's own traffic (mtp-observe report lists the statistics)" if rec.name is None else
+           f"recording sampler: {rec.label} does not fit these sessions (mtp-observe report lists the statistics)")
+    out.print(f"on-policy rate {float(v.on_policy):.3f}; {fit}", markup=False, soft_wrap=True)
     out.print(f"run directory: {run_dir}   next: mtp-observe report {run_dir}", soft_wrap=True)
 
 
@@ -367,9 +385,12 @@ def check_writable(path: Optional[Path], option: str) -> None:
 @app.command()
 def report(
     run: Annotated[Optional[Path], typer.Argument(metavar="RUN", help="Run directory (default: the newest under reports/).")] = None,
-    gate: Annotated[Optional[str], typer.Option(help="Go/no-go gate, METRIC>=X with METRIC speedup, tau, tau_sim or alpha1; "
+    gate: Annotated[Optional[str], typer.Option(help="Go/no-go gate, METRIC>=X with METRIC speedup, tau_sim or alpha1; "
                                                      "judged on the 95% lower bound at the best K.")] = None,
-    min_on_policy: Annotated[float, typer.Option(help="Below this on-policy rate the verdict is UNRELIABLE.")] = 0.9,
+    recorded_with: Annotated[Optional[str], typer.Option("--recorded-with", help="The profile the sessions were recorded with "
+                                                         "(overrides run.json; default: the best-fitting candidate).")] = None,
+    min_support: Annotated[float, typer.Option("--min-support", "--min-on-policy", help="A sampler fits the traffic only if at "
+                                               "least this share of the recorded tokens is in its support.")] = 0.95,
     fmt: Annotated[str, typer.Option("--format", help="table, markdown or json.")] = "table",
     plot: Annotated[Optional[Path], typer.Option(help="Write acceptance by depth and speedup vs K to this PNG.")] = None,
     baseline: Annotated[Optional[Path], typer.Option(help="Another run: show the tables as differences from it.")] = None,
@@ -393,8 +414,8 @@ def report(
     if heatmap is not None and html is None and fmt != "table":
         raise OptionError(f"--heatmap prints to the terminal, which --format {fmt} keeps for the report: add --html FILE")
     reading = read_and_summarize(run, baseline=baseline, probe=probe, draft_cost=draft_cost,
-                                 gate=parse_gate(gate) if gate is not None else None, min_on_policy=min_on_policy,
-                                 replicates=replicates, seed=seed)
+                                 gate=parse_gate(gate) if gate is not None else None, min_support=min_support,
+                                 recorded_with=recorded_with, replicates=replicates, seed=seed)
     result, comparison = reading.report, reading.comparison
     if fmt == "json":
         print(json.dumps(report_json(result, comparison), indent=2))

@@ -1,9 +1,11 @@
 """The metrics: acceptance counts, and every rate derived from them, in one place.
 
 Contract: `Counts` holds raw counts only (vLLM `spec_decode/metrics.py` style); `rates` turns
-counts into every number the report shows; `simulate_decode` counts the steps of the greedy
-speculative decode walk; `bootstrap_weights` draws the session resamples. Pure numpy — no
-pandas, no torch.
+counts into every number the report shows; `simulate_decode` counts the steps of the speculative
+decode walk on the recorded trajectory; `expected_decode_steps` walks it in expectation under
+another sampler's acceptance probabilities (the what-if); `fits` is the rule that says whether
+traffic fits a sampler; `bootstrap_weights` / `stratified_weights` draw the resamples. Pure numpy —
+no pandas, no torch.
 
 Conventions (ACCEPTANCE.md), written down once. Depth k = 1..K sits at index k-1 of every
 `[..., K]` array.
@@ -11,11 +13,16 @@ Conventions (ACCEPTANCE.md), written down once. Depth k = 1..K sits at index k-1
     α_k       = accepted(k) / on_path(k)        on_path(k): rows at depth k accepted at k-1
                                                 (every row at k = 1, so α_1 = #match(1) / #anchors)
     A_k       = accepted(k) / evaluable(k)      vLLM's per_pos / num_drafts
-    τ(K)      = 1 + Σ_{k<=K} A_k                mean acceptance length INCLUDES the bonus token
-    τ_sim(K)  = span_tokens / steps(K)          the simulated greedy decode (see simulate_decode)
-    τ_S(K)    = 1 + Σ_{k<=K} Π_{j<=k} ᾱ_j(S),   ᾱ_j(S) = p_accept_sum_S(j) / on_path(j)
+    τ(K)      = 1 + Σ_{k<=K} A_k                "mean acceptance length" (vLLM's name and per-position
+                                                formula), INCLUDES the bonus token; shown, never judged
+    τ_sim(K)  = span_tokens / steps(K)          the simulated decode (see simulate_decode): the verdict's τ
+    τ_S(K)    = span_tokens / E_S[steps(K)]     what-if estimate under sampler S (expected_decode_steps)
+    speedup(K)= τ_sim(K) / (1 + K·c + v(K))     c: draft step / target decode step; v: extra verify cost
     on-policy = on_policy / evaluable(1)        depth-1 rows whose recorded token is the target's argmax
-    speedup(K)= τ(K) / (1 + K·c + v(K))         c: draft step / target decode step; v: extra verify cost
+    support_S = fit_support / fit_tokens        scored tokens x_t with q_t(x_t) > 0 under S
+    calibration_S = fit_q / fit_q2              Σ q_t(x_t) / Σ_t Σ_v q_t(v)²: ≈ 1 on S's own samples
+    z_S       = (fit_q - fit_q2) / √fit_var     mean 0, variance 1 on S's own samples (below)
+    ll_S      = (fit_ll + (fit_tokens - fit_support) log LL_FLOOR) / fit_tokens   per-token log-likelihood
 
 Every field of `Counts` may carry leading axes ([sessions], [replicates], [groups]) and every
 rate broadcasts over them, so the point estimate, the per-session values and the bootstrap
@@ -40,6 +47,13 @@ class Counts:
     on_policy: np.ndarray  # [...]  depth-1 rows with actual_token == target_token
     span_tokens: np.ndarray  # [...]  Σ (e - s) over scored spans: the tokens the simulated decode emits
     steps: np.ndarray  # [..., K]  simulated decode steps with draft length K = 1..Kmax (index K-1)
+    expected_steps: np.ndarray  # [..., P, K]  Σ over spans of the expected decode steps under profile S (what-if)
+    fit_tokens: np.ndarray  # [...]  scored tokens the recording-sampler sums cover
+    fit_support: np.ndarray  # [..., P]  of those, tokens with q_t(x_t) > 0 under S
+    fit_q: np.ndarray  # [..., P]  Σ q_t(x_t)
+    fit_q2: np.ndarray  # [..., P]  Σ_t Σ_v q_t(v)²
+    fit_var: np.ndarray  # [..., P]  Σ_t (Σ_v q_t(v)³ - (Σ_v q_t(v)²)²)
+    fit_ll: np.ndarray  # [..., P]  Σ log q_t(x_t) over the tokens in the support
 
     def total(self, axis: int = 0) -> "Counts":
         """Pool the counts along a leading axis (token-weighted aggregation)."""
@@ -55,7 +69,8 @@ class Counts:
         return Counts(**{f: getattr(self, f)[index] for f in _FIELDS})
 
 
-_FIELDS = ("evaluable", "on_path", "accepted", "p_accept", "on_policy", "span_tokens", "steps")
+_FIELDS = ("evaluable", "on_path", "accepted", "p_accept", "on_policy", "span_tokens", "steps", "expected_steps",
+           "fit_tokens", "fit_support", "fit_q", "fit_q2", "fit_var", "fit_ll")
 
 
 @dataclass(frozen=True)
@@ -64,17 +79,23 @@ class Rates:
 
     alpha: np.ndarray  # [..., K]  α_k, conditional per-depth acceptance
     accept_rate: np.ndarray  # [..., K]  A_k, unconditional per-position acceptance
-    tau: np.ndarray  # [..., K]  analytic τ(K) for K = 1..Kmax (bonus token included)
-    tau_sim: np.ndarray  # [..., K]  simulated τ_sim(K); NaN where no spans were counted (segment slices)
-    tau_profile: np.ndarray  # [..., P, K]  τ_S(K) under each sampling profile
-    speedup: np.ndarray  # [..., K]  τ(K) / (1 + K c + v(K))
-    on_policy: np.ndarray  # [...]  on-policy rate
+    tau: np.ndarray  # [..., K]  τ(K), vLLM's mean acceptance length (per-position formula, bonus token included)
+    tau_sim: np.ndarray  # [..., K]  simulated τ_sim(K), the verdict's τ; NaN where no spans were counted (segments)
+    tau_profile: np.ndarray  # [..., P, K]  what-if estimate of τ_sim under each sampling profile
+    speedup: np.ndarray  # [..., K]  τ_sim(K) / (1 + K c + v(K))
+    speedup_profile: np.ndarray  # [..., P, K]  τ_profile / (1 + K c + v(K)), what-if estimate
+    on_policy: np.ndarray  # [...]  on-policy rate (greedy support on depth-1 rows)
+    support: np.ndarray  # [..., P]  support rate of the recorded tokens under each profile
+    calibration: np.ndarray  # [..., P]  Σ q(x) / Σ Σ q²
+    fit_z: np.ndarray  # [..., P]  z-score of Σ q(x) - Σ Σ q² (NaN where the variance is 0: greedy)
+    log_likelihood: np.ndarray  # [..., P]  per scored token, log q(x), a token outside the support counting log LL_FLOOR
 
     def map(self, fn) -> "Rates":
         return Rates(**{f: fn(getattr(self, f)) for f in RATE_FIELDS})
 
 
-RATE_FIELDS = ("alpha", "accept_rate", "tau", "tau_sim", "tau_profile", "speedup", "on_policy")
+RATE_FIELDS = ("alpha", "accept_rate", "tau", "tau_sim", "tau_profile", "speedup", "speedup_profile", "on_policy",
+               "support", "calibration", "fit_z", "log_likelihood")
 
 
 def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -86,9 +107,9 @@ def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 
 def speedup(tau: np.ndarray, c: float, verify_extra: np.ndarray) -> np.ndarray:
-    """speedup(K) = τ(K) / (1 + K c + v(K)); tau [..., K], verify_extra [K] -> [..., K].
+    """speedup(K) = τ(K) / (1 + K c + v(K)) for a τ per K (τ_sim, or an estimate); tau [..., K], verify_extra [K].
 
-    Worked example: τ(2) = 2.2, c = 0.1, v(2) = 0 -> 2.2 / 1.2 = 1.833.
+    Worked example: τ_sim(2) = 2.2, c = 0.1, v(2) = 0 -> 2.2 / 1.2 = 1.833.
     """
     k = np.arange(1, tau.shape[-1] + 1, dtype=np.float64)
     return tau / (1.0 + k * c + np.asarray(verify_extra, dtype=np.float64))
@@ -100,12 +121,68 @@ def rates(counts: Counts, c: float, verify_extra: np.ndarray) -> Rates:
     accept_rate = ratio(counts.accepted, counts.evaluable)
     tau = 1.0 + np.cumsum(accept_rate, axis=-1)
     tau_sim = ratio(counts.span_tokens[..., None], counts.steps)
-    profile_alpha = ratio(counts.p_accept, counts.on_path[..., None, :])  # [..., P, K]  ᾱ_j(S)
-    tau_profile = 1.0 + np.cumsum(np.cumprod(profile_alpha, axis=-1), axis=-1)
+    tau_profile = ratio(counts.span_tokens[..., None, None], counts.expected_steps)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = ratio(counts.fit_q - counts.fit_q2, np.sqrt(np.maximum(counts.fit_var, 0.0)))
     return Rates(
         alpha=alpha, accept_rate=accept_rate, tau=tau, tau_sim=tau_sim, tau_profile=tau_profile,
-        speedup=speedup(tau, c, verify_extra), on_policy=ratio(counts.on_policy, counts.evaluable[..., 0]),
+        speedup=speedup(tau_sim, c, verify_extra), speedup_profile=speedup(tau_profile, c, verify_extra),
+        on_policy=ratio(counts.on_policy, counts.evaluable[..., 0]),
+        support=ratio(counts.fit_support, counts.fit_tokens[..., None]), calibration=ratio(counts.fit_q, counts.fit_q2),
+        fit_z=z,
+        log_likelihood=ratio(counts.fit_ll + (counts.fit_tokens[..., None] - counts.fit_support) * np.log(LL_FLOOR),
+                             counts.fit_tokens[..., None]),
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The recording sampler: does the traffic fit a sampler?
+#
+# For own samples of S (x_t ~ q_t given the prefix), E[q_t(x_t)] = Σ_v q_t(v)² and
+# Var[q_t(x_t)] = Σ_v q_t(v)³ - (Σ_v q_t(v)²)², so Σ_t (q_t(x_t) - Σ_v q_t(v)²) is a martingale with
+# mean 0 and variance Σ_t Var_t: z is a standard score whatever the positions' dependence. Greedy
+# traffic read under a sampler has calibration > 1 (it always took the likeliest token); foreign
+# text < 1. The rule has to survive numerics as well as sampling noise: a bf16 replay of fp32 text
+# flips near-ties of the argmax and moves the top-k / top-p boundary past a sampled token now and
+# then (support a little under 1), and perturbs every q_t a little, which biases calibration by
+# about the squared relative error (~0.1%) — tiny, but over a million tokens it is many standard
+# errors. Hence: the support must be at least MIN_SUPPORT, and the calibration must be either
+# statistically indistinguishable from 1 (|z| <= Z_MAX) or practically 1 (within CALIBRATION_TOLERANCE).
+# Among the candidates that fit, the best is the likeliest (best_fit). Measured on the bundled model
+# (tests/test_verdict.py): its own greedy text under greedy support 1.0; its own instruct_general text
+# (T 0.7) under instruct_general support 1.0, calibration 0.998, under greedy support 0.93; the demo
+# sessions (foreign, written by a script) support 0.75-0.89 under every profile.
+
+MIN_SUPPORT = 0.95  # own traffic misses support only through numerics (near-ties, boundaries): 1-2% at most
+LL_FLOOR = 1e-3  # the probability a token outside a candidate's support counts in its log-likelihood
+Z_MAX = 4.0  # |z| above this is not sampling noise (p < 1e-4)
+CALIBRATION_TOLERANCE = 0.01  # ten times the numerics bias of a bf16 replay
+
+
+def fits(support: float, calibration: float, z: float, greedy: bool, min_support: float = MIN_SUPPORT) -> bool:
+    """Whether traffic fits a sampler (greedy: the support alone; its calibration is the support)."""
+    if not support >= min_support:
+        return False
+    if greedy:
+        return True
+    return bool(abs(z) <= Z_MAX or abs(calibration - 1.0) <= CALIBRATION_TOLERANCE)
+
+
+def best_fit(names, log_likelihood, fitting) -> str | None:
+    """The fitting candidate under which the recorded tokens are likeliest (the first on ties), or None.
+
+    Maximum likelihood picks the true sampler in expectation (the expected log-likelihood of a sample of p
+    under q is largest at q = p), and it tells close samplers apart where the calibration cannot: on the
+    bundled model's own instruct_general text (T 0.7, top-p 0.8, presence 1.5), thinking_coding (T 0.6)
+    has a calibration as close to 1 and a log-likelihood 0.02 nats/token lower. A token outside a
+    candidate's support counts log LL_FLOOR, so greedy (log 1 = 0 on its support) does not win sampled
+    text that misses its argmax 6% of the time (-0.41/token) and does win greedy text (0 against log q(argmax)).
+    """
+    best = None
+    for name, ll, ok in zip(names, log_likelihood, fitting):
+        if ok and np.isfinite(ll) and (best is None or ll > best[1]):
+            best = (name, ll)
+    return best[0] if best else None
 
 
 def best_k(speedups: np.ndarray) -> int:
@@ -169,6 +246,68 @@ def simulate_decode(accepted_len: np.ndarray, span_len: np.ndarray, k: int) -> n
     return count[first]
 
 
+def expected_decode_steps(accept: np.ndarray, span_len: np.ndarray, k_max: int) -> np.ndarray:
+    """Expected steps of chain speculation walked over each span when depth j is accepted with probability
+    accept[·, j-1] given depths 1..j-1 were (the what-if under another sampler than the recording one).
+
+    accept: [Σ span_len, Kmax, B] conditional acceptance probabilities at every anchor p = s..e-1 of every
+    span (spans concatenated in order, as simulate_decode), for B samplers; span_len: [N] -> [N, B, Kmax]
+    expected steps with draft length K = 1..Kmax (index K-1).
+
+    With c_j = Π_{i<=j} accept_i (c_0 = 1) the probability of accepting at least j drafts, m = min(K, e-p):
+        E[p] = 1 + Σ_{a<m} (c_a - c_{a+1}) E[p + a + 1] + c_m E[p + min(m + 1, e - p)],   E[e] = 0
+    (rejected at depth a+1: the a accepted drafts and the target's token; all m accepted: the bonus token
+    too unless the turn ends). With 0/1 probabilities (the recorded matches) this is simulate_decode's walk.
+    Worked example: one anchor (e - s = 1), accept 0.5: E = 1 (one step emits the end token either way).
+    Two anchors, accept 0.5 at both, K = 1: E[s] = 1 + 0.5 E[s+1] + 0.5 E[e] = 1.5.
+
+    Computed backwards from the ends of turns, all spans at once: iteration o visits the anchor o tokens
+    before each span's end (spans sorted by length, the active ones a prefix), so the Python loop runs
+    over the longest span's length, not over positions; each iteration is a few array operations.
+    """
+    accept = np.asarray(accept, dtype=np.float64)
+    span_len = np.asarray(span_len, dtype=np.int64)
+    n_spans = span_len.shape[0]
+    B = accept.shape[2] if accept.ndim == 3 else 0
+    assert accept.shape[:2] == (int(span_len.sum()), k_max), (accept.shape, int(span_len.sum()), k_max)
+    if n_spans == 0 or B == 0:
+        return np.zeros((n_spans, B, k_max))
+    cum = np.concatenate([np.ones((accept.shape[0], 1, B)), np.cumprod(accept, axis=1)], axis=1)  # [A, Kmax+1, B] c_j
+    slots = span_len + 1
+    first_slot = np.concatenate([[0], np.cumsum(slots)[:-1]])
+    first_anchor = np.concatenate([[0], np.cumsum(span_len)[:-1]])
+    E = np.zeros((int(slots.sum()), B, k_max))  # terminal slots stay 0
+    by_length = np.argsort(-span_len, kind="stable")
+    sorted_len = span_len[by_length]
+    K = np.arange(1, k_max + 1)
+    for o in range(1, int(span_len.max()) + 1):
+        active = by_length[: int(np.searchsorted(-sorted_len, -o, side="right"))]  # spans with e - s >= o
+        slot = first_slot[active] + span_len[active] - o  # the anchor p = e - o
+        c = cum[first_anchor[active] + span_len[active] - o]  # [n, Kmax+1, B]
+        m = np.minimum(K, o)  # [Kmax] evaluable depths at this anchor for each K
+        value = np.ones((active.shape[0], B, k_max))
+        for a in range(min(k_max, o)):  # rejected at depth a + 1 (only where a < m, i.e. a < K)
+            weight = (c[:, a] - c[:, a + 1])[:, :, None] * (a < m)[None, None, :]
+            value += weight * E[slot + a + 1]
+        final = E[slot[:, None] + np.minimum(m + 1, o)[None, :], :, K - 1]  # [n, Kmax, B]: E at the jump, per K
+        value += c[:, m, :].transpose(0, 2, 1) * final.transpose(0, 2, 1)  # c_m (all accepted) for each K
+        E[slot] = value
+    return E[first_slot]
+
+
+def expected_decode_steps_reference(accept: list[list[float]], k: int) -> float:
+    """The recursion of `expected_decode_steps` for one span and one K, as a plain loop (for tests and reading)."""
+    e = len(accept)
+    E = [0.0] * (e + 1)
+    for p in range(e - 1, -1, -1):
+        m = min(k, e - p)
+        c = [1.0]
+        for j in range(m):
+            c.append(c[-1] * accept[p][j])
+        E[p] = 1.0 + sum((c[a] - c[a + 1]) * E[p + a + 1] for a in range(m)) + c[m] * E[p + min(m + 1, e - p)]
+    return E[0]
+
+
 def simulate_decode_reference(accepted_len: list[int], k: int) -> int:
     """The walk of `simulate_decode` for one span, as a plain loop (the definition, for tests and reading)."""
     e = len(accepted_len)  # anchors s..e-1 relative to s = 0
@@ -181,6 +320,28 @@ def simulate_decode_reference(accepted_len: list[int], k: int) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # The bootstrap
+
+
+MIN_SESSIONS_FOR_BOOTSTRAP = 10
+# Below 10 sessions a bootstrap over sessions cannot be trusted: the percentile interval of a mean of n
+# resampled units is about x̄ ± 1.96·s·√((n-1)/n)/√n where Student's t says x̄ ± t_{n-1}·s/√n, so its real
+# coverage of a nominal 95% is P(|T_{n-1}| < 1.96·√((n-1)/n)): 85% at n = 5, 90% at n = 10, 93% at n = 20
+# (and at n = 2 there are only 3 distinct resamples). With fewer sessions the report resamples turns
+# within sessions (stratified_weights) and says so; a single session never makes a verdict.
+MIN_SESSIONS_FOR_VERDICT = 2
+MIN_TURNS_FOR_BOOTSTRAP = 10  # the same coverage argument, for turns
+
+
+def stratified_weights(strata: np.ndarray, replicates: int, seed: int) -> np.ndarray:
+    """[replicates, N] int64: units (turns) resampled with replacement within their stratum (session):
+    each stratum keeps its own number of units. strata: [N] stratum of each unit."""
+    rng = np.random.default_rng(seed)
+    strata = np.asarray(strata, dtype=np.int64)
+    out = np.zeros((replicates, strata.shape[0]), dtype=np.int64)
+    for s in np.unique(strata):
+        members = np.flatnonzero(strata == s)
+        out[:, members] = rng.multinomial(members.shape[0], np.full(members.shape[0], 1.0 / members.shape[0]), size=replicates)
+    return out
 
 
 def bootstrap_weights(n_sessions: int, replicates: int, seed: int) -> np.ndarray:

@@ -1,7 +1,15 @@
 """The pipeline: the one place that ties the stages together.
 
 Contract: `load_model` turns a checkpoint directory into the target (transformers) and the
-head (ours, borrowing the target's embedding and lm_head), on one device and dtype.
+head (ours, borrowing the target's embedding and lm_head), on one device and dtype. `replay`
+writes a run directory (tables.py) from session files.
+
+Which samplers a replay scores (one p_accept_<profile> column and one set of fit sums each):
+`default_profiles` (the Qwen3.5 card's four, greedy, the checkpoint's generation_config when it
+has one), replaced or extended by `--sampling`, plus `recorded`: each session's own meta.sampling
+(`session_sampler`; a key absent or null takes the server default, generation_config, else vLLM's),
+and for a session without one the fallback (`recorded_fallback`: the `--recorded-with` sampler,
+else generation_config, else vLLM's defaults). Profiles with equal parameters are computed once.
 """
 
 from __future__ import annotations
@@ -88,7 +96,8 @@ class ReplayOptions:
     chunk_size: int = 2048
     device: str = "auto"
     dtype: str = "auto"
-    profiles: tuple = ()  # SamplingProfile; empty means the built-in ones
+    profiles: tuple = ()  # SamplingProfile; empty means the built-in ones and the checkpoint's generation_config
+    recorded_with: str | None = None  # the profile the traffic was recorded with, as declared (--recorded-with)
     on_error: str = "fail"
     max_sessions: int | None = None
     resume: bool = False
@@ -111,6 +120,7 @@ class Observer:
 class RequestResult:
     index: int
     columns: dict  # positions.parquet columns of this request (numpy), see acceptance.request_rows
+    fit: dict  # {"tokens": [N], "<stat>_<profile>": [N]} numpy, the recording-sampler sums of its N spans
 
 
 @dataclass(frozen=True)
@@ -135,19 +145,21 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
 
 
 def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size: int,
-                   carry: Carry | None = None, keep_at: int | None = None) -> tuple[dict, Carry | None]:
-    """One request through the target and the head: the columns of its rows, and what the next request reuses.
+                   carry: Carry | None = None, keep_at: int | None = None) -> tuple[dict, dict, Carry | None]:
+    """One request through the target and the head: the columns of its rows, the recording-sampler sums
+    of its spans (RequestResult.fit), and what the next request reuses.
 
     1. target: chunked prefill -> post-norm hidden h at every position (after `carry`'s shared prefix)
     2. head: one row pass over every position (its KV covers the prompt; rows of the prefix are
        reused), then the chain at every anchor of every span, depths batched over anchors
-    3. target again, lm_head only at the rows' positions p+k-1 -> argmax, log-probs, sampler probs
+    3. target again, lm_head only at the rows' positions p+k-1 and at s-1..e-1 of every span -> argmax,
+       log-probs, sampler probs, the fit sums (the penalties read each turn's prompt and output so far)
     4. rows
     Rows depend only on the tokens (causal attention), so reusing a prefix changes nothing measured
     beyond floating-point rounding of where chunk boundaries fall.
     """
     from .acceptance import anchor_plan, request_rows, row_index
-    from .target import prefill, reduce_logits
+    from .target import Turns, prefill, reduce_logits
 
     ids = torch.tensor(request.input_ids, dtype=torch.long)
     n = ids.shape[0]
@@ -168,14 +180,21 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     following = Carry(kept, model.head.rows_prefix(rows, keep_at - 1)) if kept is not None else None
     del rows
     a, k = index.anchor_index, index.depth
+    turns = Turns(ids, torch.tensor([sp.start for sp in request.spans], dtype=torch.long),
+                  torch.tensor([sp.end for sp in request.spans], dtype=torch.long))
     reductions = reduce_logits(  # 3
         model.target.lm_head.weight, hidden, index.target_position,
-        drafts.tokens.cpu()[a, k - 1], ids[index.actual_position], tuple(profiles),
+        drafts.tokens.cpu()[a, k - 1], ids[index.actual_position], tuple(profiles), turns=turns,
     )
-    return request_rows(ids, segments, plan, index, drafts.tokens, drafts.logprobs, reductions, k_max), following  # 4
+    fit = {"tokens": reductions.fit_tokens.cpu().numpy()}
+    for name, sums in reductions.fit.items():
+        for stat in ("support", "q", "q2", "var", "ll"):
+            fit[f"{stat}_{name}"] = getattr(sums, stat).cpu().numpy()
+    columns = request_rows(ids, segments, plan, index, drafts.tokens, drafts.logprobs, reductions, k_max)  # 4
+    return columns, fit, following
 
 
-def replay_session(model: LoadedModel, requests, k_max: int, profiles, chunk_size: int) -> list[tuple[int, dict]]:
+def replay_session(model: LoadedModel, requests, k_max: int, profiles, chunk_size: int) -> list[RequestResult]:
     """Every request of one session, in order, each starting from the prefix it shares with the one before."""
     out, carry = [], None
     for r, request in enumerate(requests):
@@ -183,8 +202,8 @@ def replay_session(model: LoadedModel, requests, k_max: int, profiles, chunk_siz
         keep_at = shared_prefix(request.input_ids, after) if after is not None else None
         if keep_at is not None and keep_at >= len(request.input_ids):
             keep_at = len(request.input_ids) - 1  # the next request extends this one: keep all but the last token
-        columns, carry = replay_request(model, request, k_max, profiles, chunk_size, carry=carry, keep_at=keep_at)
-        out.append((request.index, columns))
+        columns, fit, carry = replay_request(model, request, k_max, profiles, chunk_size, carry=carry, keep_at=keep_at)
+        out.append(RequestResult(request.index, columns, fit))
     return out
 
 
@@ -259,6 +278,61 @@ def _check_options(opts: ReplayOptions) -> None:
             raise OptionError(f"--sampling {name}=...: profile names are letters, digits and _ (they become column names)")
     if len(set(names)) != len(names):
         raise OptionError(f"--sampling: profile names repeat ({', '.join(names)}); give each a distinct name")
+    if RECORDED in names:
+        raise OptionError(f"--sampling {RECORDED}=...: '{RECORDED}' is the profile of each session's own sampler; "
+                          "pick another name")
+    if opts.recorded_with is not None and opts.recorded_with not in names:
+        raise OptionError(f"--recorded-with {opts.recorded_with}: no such profile; name one of {', '.join(names)} "
+                          "or give NAME=T,TOP_P,TOP_K[,...]")
+
+
+RECORDED = "recorded"  # the profile scored with each session's own meta.sampling (else the fallback)
+
+
+def default_profiles(model_dir: Path) -> tuple:
+    """The built-in profiles (the Qwen3.5 card's four and greedy) and the checkpoint's generation_config
+    sampler when it has one (the sampler vLLM serves requests that set none with)."""
+    from .target import BUILTIN_PROFILES, generation_config_profile
+
+    generation = generation_config_profile(model_dir)
+    return BUILTIN_PROFILES + ((generation,) if generation is not None else ())
+
+
+def recorded_fallback(opts: ReplayOptions, model_dir: Path) -> tuple:
+    """(profile, name) of the sampler for sessions without their own meta.sampling: the declared one,
+    else the checkpoint's generation_config, else vLLM's neutral defaults (T = 1, nothing truncated)."""
+    from .target import VLLM_DEFAULTS, generation_config_profile
+
+    if opts.recorded_with is not None:
+        return next(p for p in opts.profiles if p.name == opts.recorded_with), opts.recorded_with
+    generation = generation_config_profile(model_dir)
+    if generation is not None:
+        return generation, "generation_config"
+    return VLLM_DEFAULTS, "vllm_defaults"
+
+
+def session_sampler(session, fallback, server_default):
+    """(profile named `recorded`, source) for one session: its meta.sampling (vLLM SamplingParams names; a key
+    absent or null takes the server's default, `server_default`: generation_config, else vLLM's) or, without
+    one, the fallback."""
+    from .sessions import SessionError
+    from .target import SAMPLING_PARAMS, profile_from_params
+
+    sampling = session.meta.get("sampling") if isinstance(session.meta, dict) else None
+    if not isinstance(sampling, dict) or all(sampling.get(k) is None for k in SAMPLING_PARAMS):
+        return fallback.renamed(RECORDED), "fallback"
+    try:
+        return profile_from_params(RECORDED, sampling, server_default), "session"
+    except ValueError as e:
+        raise SessionError(session.path, session.line, session.id, f"meta.{e}; fix it or drop meta.sampling") from None
+
+
+def text_config_limits(text_config: dict) -> dict:
+    """max_position_embeddings and the rope scaling (None when positions are not scaled) of a text config."""
+    rope = text_config.get("rope_scaling") or text_config.get("rope_parameters") or {}
+    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+    scaled = isinstance(rope, dict) and ((kind not in (None, "default")) or rope.get("factor") not in (None, 1, 1.0))
+    return {"max_position_embeddings": text_config.get("max_position_embeddings"), "rope_scaling": rope if scaled else None}
 
 
 @dataclass(frozen=True)
@@ -320,15 +394,15 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
     from .checkpoint import tokenizer_sha256
     from .errors import UserError
     from .sessions import input_name, resolve_inputs
-    from .target import BUILTIN_PROFILES
 
     observer = observer or Observer()
-    opts = ReplayOptions(**{**opts.__dict__, "profiles": tuple(opts.profiles) or BUILTIN_PROFILES})
+    opts = ReplayOptions(**{**opts.__dict__, "profiles": tuple(opts.profiles) or default_profiles(model_dir)})
     _check_options(opts)
     import os
 
     if any(str(f) == "-" for f in files) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise OptionError("- (standard input) reaches only one of torchrun's processes; give the sessions as a file")
+    fallback, fallback_name = recorded_fallback(opts, model_dir)
     files = resolve_inputs(files)  # directories expanded, "-" (standard input) copied once, missing paths refused
     device = resolve_device(opts.device)
     ranks = ranks_from_env(device)
@@ -345,7 +419,9 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
         "k": opts.k,
         "dtype": str(dtype).removeprefix("torch."),
         "device": device.split(":")[0] if ranks.world > 1 else device,
-        "sampling": {p.name: p.as_dict() for p in opts.profiles},
+        "sampling": {**{p.name: p.as_dict() for p in opts.profiles},
+                     RECORDED: {**fallback.as_dict(), "per_session": True, "fallback": fallback_name}},
+        "recorded_with": opts.recorded_with,
         "inputs": [{"path": input_name(f), "sha256": sha256_file(f)} for f in files],
         "options": {"chunk_size": opts.chunk_size, "on_error": opts.on_error, "max_sessions": opts.max_sessions},
         "rendering": opts.template.manifest() if opts.template is not None else None,
@@ -363,7 +439,7 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
     # 2. This rank's sessions.
     try:
         model = load_model(model_dir, device=device, dtype=dtype, device_map=opts.device_map)
-        result = _replay_sessions(files, out, opts, model, ranks, observer)
+        result = _replay_sessions(files, out, opts, model, ranks, observer, fallback)
     except BaseException as e:  # every rank must reach the gather below, whatever happened here
         result = {"failure": e}
     results = ranks.gather({k: v if k != "failure" else _portable(v) for k, v in result.items()})
@@ -415,8 +491,11 @@ def _start_manifest(out: Path, opts: ReplayOptions, info, identity: dict, bundle
                                         "rerun with the same inputs and options, or --overwrite")
         tables.remove_temporaries(out)
     out.mkdir(parents=True, exist_ok=True)
+    from .target import generation_config_profile
+
     inventory = take_inventory(info)
     precision = "BF16" if identity["dtype"] == "bfloat16" else "stored"
+    generation = generation_config_profile(info.path)
     manifest = {
         "schema_version": tables.SCHEMA_VERSION,
         "tool": {"name": "mtp-observe", "version": __version__},
@@ -430,6 +509,8 @@ def _start_manifest(out: Path, opts: ReplayOptions, info, identity: dict, bundle
             "numerics": info.numerics(identity["dtype"]),
             "roofline": inventory.roofline(precision),
             "roofline_by_precision": {p: inventory.draft_cost(p) for p in ["stored", "BF16", "FP8", "Q8_0", "Q6_K", "Q4_K"]},
+            "generation_config": generation.as_dict() if generation is not None else None,
+            **text_config_limits(info.text_config),
         },
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
         "world_size": world,
@@ -442,9 +523,11 @@ def _start_manifest(out: Path, opts: ReplayOptions, info, identity: dict, bundle
 
 
 COUNT_KEYS = ("sessions_ok", "sessions_skipped", "requests", "tokens_replayed", "scored_tokens", "anchors", "rows")
+MAX_KEYS = ("max_request_tokens",)  # counts merged by their maximum, not their sum
 
 
-def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, ranks: Ranks, observer: Observer) -> dict:
+def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, ranks: Ranks, observer: Observer,
+                     fallback) -> dict:
     """Replay the sessions this rank owns; finished parts of a resumed run are kept. Returns its counts and errors."""
     import time
 
@@ -452,10 +535,13 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
     from .rendering import Renderer
     from .sessions import SessionError, Skipped, input_name, read_sessions
 
+    from .target import VLLM_DEFAULTS, generation_config_profile
+
     renderer = Renderer.from_model_dir(model.info.path, vocab_size=model.info.geometry.vocab_size, overrides=opts.template)
-    names = [p.name for p in opts.profiles]
+    server_default = generation_config_profile(model.info.path) or VLLM_DEFAULTS
+    names = [p.name for p in opts.profiles] + [RECORDED]
     done = tables.done_parts(out)
-    counts = dict.fromkeys(COUNT_KEYS, 0)
+    counts = dict.fromkeys(COUNT_KEYS + MAX_KEYS, 0)
     errors: list[dict] = []
     per_file = {input_name(f): 0 for f in files}
     total = sum(count_records(f) for f in files)
@@ -485,23 +571,26 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
         else:
             try:
                 rendered = renderer.render(item)
+                recorded, source = session_sampler(item, fallback, server_default)
             except SessionError as e:
                 if opts.on_error == "fail":
                     raise
                 skip(item.index, e.path, e.line, e.session_id, str(e))
                 continue
-            per_request = replay_session(model, rendered.requests, opts.k, opts.profiles, opts.chunk_size)
-            positions = tables.positions_table(item.id, per_request, names)
-            requests = tables.requests_table(item.id, rendered.requests)
+            per_request = replay_session(model, rendered.requests, opts.k, tuple(opts.profiles) + (recorded,), opts.chunk_size)
+            positions = tables.positions_table(item.id, [(r.index, r.columns) for r in per_request], names)
+            requests = tables.requests_table(item.id, rendered.requests, [r.fit for r in per_request], names,
+                                             {"source": source, **recorded.as_dict()})
             tables.write_part(positions, out / tables.POSITIONS, name)  # positions first: a session is
             tables.write_part(requests, out / tables.REQUESTS, name)  # done once both parts exist
             c = {"requests": len(rendered.requests), "tokens_replayed": rendered.n_tokens,
                  "scored_tokens": rendered.scored_tokens, "rows": positions.num_rows,
-                 "anchors": int((positions.column("depth").to_numpy() == 1).sum())}
+                 "anchors": int((positions.column("depth").to_numpy() == 1).sum()),
+                 "max_request_tokens": max((len(r.input_ids) for r in rendered.requests), default=0)}
             fresh_tokens += rendered.n_tokens
         counts["sessions_ok"] += 1
         for key, value in c.items():
-            counts[key] += value
+            counts[key] = max(counts[key], value) if key in MAX_KEYS else counts[key] + value
         observer.session(item.id, c["tokens_replayed"], skipped=False)
     return {"counts": counts, "errors": errors, "per_file": per_file, "fresh_tokens": fresh_tokens,
             "wall_s": time.time() - started}
@@ -511,6 +600,7 @@ def _finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> N
     from . import tables
 
     counts = {key: sum(r.get("counts", {}).get(key, 0) for r in results) for key in COUNT_KEYS}
+    counts.update({key: max(r.get("counts", {}).get(key, 0) for r in results) for key in MAX_KEYS})
     errors = sorted((e for r in results for e in r.get("errors", [])), key=lambda e: e["index"])
     manifest["errors"] = [{k: v for k, v in e.items() if k != "index"} for e in errors]
     manifest["counts"] = counts

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .metrics import CALIBRATION_TOLERANCE, Z_MAX
 from .report import Comparison, Delta, Report, Slice
 
 MAX_SESSIONS_SHOWN = 20  # the session table shows the lowest-τ_sim sessions; JSON has them all
@@ -65,20 +66,33 @@ def delta_cell(d: Delta, field: str, index, label: str) -> str:
 
 def header_lines(report: Report, comparison: Comparison | None = None) -> list[str]:
     m = report.manifest
-    o, v, k = report.overall, report.verdict, report.best_k
+    o, k = report.overall, report.best_k
     model = (m.get("model") or {}).get("path", "?")
+    plan = report.resampling
+    unit = {"session": "sessions", "turn": "turns within sessions", "none": "nothing (no intervals)"}[plan.unit] if plan else "sessions"
+    rec = report.recording
     lines = [
         f"run {report.path}  status={m.get('status')}  model={model}  dtype={m.get('dtype')}  Kmax={report.k}",
         f"{len(report.sessions)} sessions, {o.anchors} anchors, {report.rows} rows; "
-        f"bootstrap {report.replicates} resamples of sessions (seed {report.seed}), {report.level:.0%} intervals",
+        f"bootstrap {report.replicates} resamples of {unit} (seed {report.seed}), {report.level:.0%} intervals",
         f"draft cost c = {report.cost.c:.4f} ({report.cost.detail}); "
         f"v(K) = {', '.join(num(x, 3) for x in report.cost.verify_extra)}",
-        f"on-policy rate {cell(o, 'on_policy', ())} (minimum {v.min_on_policy:g})",
-        f"best K = {k}: speedup {cell(o, 'speedup', k - 1)}, τ {cell(o, 'tau', k - 1)}, τ_sim {cell(o, 'tau_sim', k - 1)}",
+    ]
+    if rec is not None and rec.name is None:
+        lines.append("recording sampler: no candidate fits the recorded tokens (table below)")
+    elif rec is not None:
+        pick = rec.candidate(rec.name)
+        state = "fits" if rec.fits else "DOES NOT FIT"
+        stats = f"support {num(pick.support)}" + ("" if pick.greedy else f", calibration {num(pick.calibration)}, z {num(pick.z, 1, signed=True)}")
+        lines.append(f"recording sampler: {rec.label} — {state} ({stats})")
+    lines += [
+        f"on-policy rate (recorded token = argmax) {cell(o, 'on_policy', ())}",
+        f"best K = {k}: speedup {cell(o, 'speedup', k - 1)} from τ_sim {cell(o, 'tau_sim', k - 1)}; "
+        f"mean acceptance length τ(K) (vLLM's per-position formula) {cell(o, 'tau', k - 1)}",
     ]
     if comparison is not None:
         lines.append(f"baseline {comparison.baseline_path}: differences current - baseline over K <= {comparison.k}; "
-                     f"{FLAG} = the difference's {report.level:.0%} interval excludes 0")
+                     f"{FLAG} = the difference's {report.level:.0%} interval excludes 0; {comparison.note}")
     return lines
 
 
@@ -93,55 +107,79 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
         return delta_tables(report, comparison)
     o, K, kb = report.overall, report.k, report.best_k
     profiles = report.profiles
+    rec = report.recording
+    shown = {c.name for c in rec.candidates} if rec is not None else set(profiles)  # `recorded` only where it means something
+    what_if = [i for i, p in enumerate(profiles) if p in shown] if int(report.manifest.get("schema_version", 1)) >= 2 else []
     by_k = TextTable(
         title="acceptance and projected speedup by K (token-weighted)",
-        columns=("K", "α_k", "A_k", "τ(K)", "τ_sim(K)", *[f"τ_{p}" for p in profiles], "speedup"),
+        columns=("K", "α_k", "A_k", "τ_sim(K)", "speedup", "τ(K) vLLM", *[f"τ_{profiles[i]} est" for i in what_if]),
         rows=tuple(
             (f"{k} ★" if k == kb else str(k), num(o.value.alpha[k - 1]), num(o.value.accept_rate[k - 1]),
-             cell(o, "tau", k - 1), cell(o, "tau_sim", k - 1),
-             *[num(o.value.tau_profile[i, k - 1]) for i in range(len(profiles))], cell(o, "speedup", k - 1))
+             cell(o, "tau_sim", k - 1), cell(o, "speedup", k - 1), cell(o, "tau", k - 1),
+             *[num(o.value.tau_profile[i, k - 1]) for i in what_if])
             for k in range(1, K + 1)
         ),
-        caption="★ best K. α_k = accepted(k) / accepted(k-1); A_k = accepted(k) / evaluable(k); τ(K) = 1 + Σ A_k "
-                "(bonus token included); τ_sim = simulated greedy decode; τ_S under sampling profile S; "
-                "speedup = τ / (1 + K·c + v(K))",
+        caption="★ best K. α_k = accepted(k) / accepted(k-1); A_k = accepted(k) / evaluable(k); τ_sim = the simulated "
+                "decode of the recorded trajectory (the verdict's τ); speedup = τ_sim / (1 + K·c + v(K)); τ(K) vLLM = "
+                "1 + Σ A_k, vLLM's mean acceptance length (per-position formula, bonus token included; higher than "
+                "τ_sim when acceptance comes in bursts); τ_S est = what-if estimate under sampling profile S "
+                "(the walk with S's acceptance probabilities)",
     )
+    tables = [by_k]
+    if rec is not None:
+        tables.append(TextTable(
+            title=f"recording sampler ({rec.tokens:,} scored tokens): {rec.label}",
+            columns=("candidate", "support", "calibration", "z", "log-lik/token", "fits"),
+            rows=tuple((("→ " if c.name == rec.name else "") + c.name, num(c.support), "" if c.greedy else num(c.calibration),
+                        "" if c.greedy else num(c.z, 1, signed=True), num(c.log_likelihood), "yes" if c.fits else "no")
+                       for c in rec.candidates),
+            caption=f"support = recorded tokens the sampler can emit; calibration = Σ q(x) / Σ Σ q² (1 on the sampler's "
+                    f"own traffic, > 1 on greedy traffic, < 1 on foreign text); z its standard score. Fits: support >= "
+                    f"{rec.min_support:g} and calibration within {CALIBRATION_TOLERANCE:g} of 1 or |z| <= {Z_MAX:g}; "
+                    "→ the recording sampler: declared, else the likeliest that fits",
+        ))
     sw = o.session_weighted
-    session_weighted = TextTable(
+    tables.append(TextTable(
         title=f"session-weighted (mean over {o.sessions} sessions)",
-        columns=("K", "α_k", "A_k", "τ(K)", "τ_sim(K)", "on-policy"),
-        rows=tuple((str(k), num(sw.alpha[k - 1]), num(sw.accept_rate[k - 1]), num(sw.tau[k - 1]), num(sw.tau_sim[k - 1]),
+        columns=("K", "α_k", "A_k", "τ_sim(K)", "τ(K) vLLM", "on-policy"),
+        rows=tuple((str(k), num(sw.alpha[k - 1]), num(sw.accept_rate[k - 1]), num(sw.tau_sim[k - 1]), num(sw.tau[k - 1]),
                     num(sw.on_policy) if k == 1 else "") for k in range(1, K + 1)),
-    )
-    segments = TextTable(
-        title=f"by segment of the drafted token (τ at best K = {kb})",
-        columns=("segment", "anchors", "sessions", "α_1..α_K", "τ(K)", "τ(K) sess-w", "on-policy"),
+    ))
+    tables.append(TextTable(
+        title=f"by segment of the drafted token (at best K = {kb}; no τ_sim: a decode walk crosses segments)",
+        columns=("segment", "anchors", "sessions", "α_1..α_K", "τ(K) vLLM", "τ(K) sess-w", "on-policy"),
         rows=tuple(
             (s.name, str(s.anchors), str(s.sessions), " ".join(num(a, 2) for a in s.value.alpha), cell(s, "tau", kb - 1),
              num(s.session_weighted.tau[kb - 1]), num(s.value.on_policy))
             for s in report.segments
         ),
-    )
-    turns = TextTable(
-        title=f"by turn (at best K = {kb})",
-        columns=("turn", "sessions", "anchors", "α_1", "τ(K)", "τ(K) sess-w", "τ_sim(K)", "τ_sim(K) sess-w", "on-policy"),
+    ))
+    tables.append(TextTable(
+        title=f"by context length at the anchor (at best K = {kb})",
+        columns=("context", "anchors", "sessions", "α_1", "τ_sim(K)", "speedup", "τ(K) vLLM"),
+        rows=tuple((s.name, str(s.anchors), str(s.sessions), num(s.value.alpha[0]), cell(s, "tau_sim", kb - 1),
+                    cell(s, "speedup", kb - 1), num(s.value.tau[kb - 1])) for s in report.context),
+        caption="rows by the anchor's position; τ_sim walks the turns that start in the range",
+    ))
+    tables.append(TextTable(
+        title=f"by turn (at best K = {kb}; turn = index of the assistant message in its session)",
+        columns=("turn", "sessions", "anchors", "α_1", "τ_sim(K)", "τ_sim(K) sess-w", "τ(K) vLLM", "on-policy"),
         rows=tuple(
-            (s.name, str(s.sessions), str(s.anchors), num(s.value.alpha[0]), num(s.value.tau[kb - 1]),
-             num(s.session_weighted.tau[kb - 1]), num(s.value.tau_sim[kb - 1]), num(s.session_weighted.tau_sim[kb - 1]),
-             num(s.value.on_policy))
+            (s.name, str(s.sessions), str(s.anchors), num(s.value.alpha[0]), num(s.value.tau_sim[kb - 1]),
+             num(s.session_weighted.tau_sim[kb - 1]), num(s.value.tau[kb - 1]), num(s.value.on_policy))
             for s in report.turns
         ),
-    )
+    ))
     worst = sorted(report.sessions, key=lambda s: _sort_key(s.value.tau_sim[kb - 1]))[:MAX_SESSIONS_SHOWN]
     shown = len(worst) < len(report.sessions)
-    sessions = TextTable(
+    tables.append(TextTable(
         title=f"by session (at best K = {kb})" + (f", the {len(worst)} lowest τ_sim of {len(report.sessions)}" if shown else ""),
-        columns=("session", "anchors", "α_1", "τ(K)", "τ_sim(K)", "on-policy"),
-        rows=tuple((s.name, str(s.anchors), num(s.value.alpha[0]), num(s.value.tau[kb - 1]), num(s.value.tau_sim[kb - 1]),
+        columns=("session", "anchors", "α_1", "τ_sim(K)", "τ(K) vLLM", "on-policy"),
+        rows=tuple((s.name, str(s.anchors), num(s.value.alpha[0]), num(s.value.tau_sim[kb - 1]), num(s.value.tau[kb - 1]),
                     num(s.value.on_policy)) for s in worst),
         caption="every session is in --format json" if shown else "",
-    )
-    return [by_k, session_weighted, segments, turns, sessions]
+    ))
+    return tables
 
 
 def _sort_key(x: float) -> float:
@@ -153,14 +191,16 @@ def delta_tables(report: Report, comparison: Comparison) -> list[TextTable]:
     d = comparison.overall
     K = comparison.k
     kb = min(report.best_k, K)
+    shown = {c.name for c in report.recording.candidates} if report.recording is not None else set(comparison.profiles)
+    what_if = [i for i, p in enumerate(comparison.profiles) if p in shown]
     by_k = TextTable(
         title="Δ by K (current - baseline, token-weighted)",
-        columns=("K", "Δα_k", "ΔA_k", "Δτ(K)", "Δτ_sim(K)", *[f"Δτ_{p}(K)" for p in comparison.profiles], "Δspeedup"),
+        columns=("K", "Δα_k", "ΔA_k", "Δτ_sim(K)", "Δspeedup", "Δτ(K) vLLM", *[f"Δτ_{comparison.profiles[i]} est" for i in what_if]),
         rows=tuple(
             (str(k), delta_cell(d, "alpha", k - 1, f"alpha@k={k}"), delta_cell(d, "accept_rate", k - 1, f"accept_rate@k={k}"),
-             delta_cell(d, "tau", k - 1, f"tau@K={k}"), delta_cell(d, "tau_sim", k - 1, f"tau_sim@K={k}"),
-             *[delta_cell(d, "tau_profile", (i, k - 1), f"tau_profile[{i}]@K={k}") for i in range(len(comparison.profiles))],
-             delta_cell(d, "speedup", k - 1, f"speedup@K={k}"))
+             delta_cell(d, "tau_sim", k - 1, f"tau_sim@K={k}"), delta_cell(d, "speedup", k - 1, f"speedup@K={k}"),
+             delta_cell(d, "tau", k - 1, f"tau@K={k}"),
+             *[delta_cell(d, "tau_profile", (i, k - 1), f"tau_profile[{i}]@K={k}") for i in what_if])
             for k in range(1, K + 1)
         ),
         caption=f"Δon-policy {delta_cell(d, 'on_policy', (), 'on_policy')}; "
@@ -169,10 +209,17 @@ def delta_tables(report: Report, comparison: Comparison) -> list[TextTable]:
     )
     segments = TextTable(
         title=f"Δ by segment (at K = {kb})",
-        columns=("segment", "anchors (cur / base)", "Δα_1", "Δτ(K)", "Δon-policy"),
+        columns=("segment", "anchors (cur / base)", "Δα_1", "Δτ(K) vLLM", "Δon-policy"),
         rows=tuple((s.name, f"{s.current.anchors} / {s.baseline.anchors}", delta_cell(s, "alpha", 0, "alpha@k=1"),
                     delta_cell(s, "tau", kb - 1, f"tau@K={kb}"), delta_cell(s, "on_policy", (), "on_policy"))
                    for s in comparison.segments),
+    )
+    context = TextTable(
+        title=f"Δ by context length (at K = {kb})",
+        columns=("context", "anchors (cur / base)", "Δα_1", "Δτ_sim(K)", "Δspeedup"),
+        rows=tuple((s.name, f"{s.current.anchors} / {s.baseline.anchors}", delta_cell(s, "alpha", 0, "alpha@k=1"),
+                    delta_cell(s, "tau_sim", kb - 1, f"tau_sim@K={kb}"), delta_cell(s, "speedup", kb - 1, f"speedup@K={kb}"))
+                   for s in comparison.context),
     )
     turns = TextTable(
         title=f"Δ by turn (at K = {kb}; point estimates, not flagged)",
@@ -181,7 +228,7 @@ def delta_tables(report: Report, comparison: Comparison) -> list[TextTable]:
                     num(s.value.tau[kb - 1], signed=True), num(s.value.tau_sim[kb - 1], signed=True),
                     num(s.value.on_policy, signed=True)) for s in comparison.turns),
     )
-    return [by_k, segments, turns]
+    return [by_k, segments, context, turns]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,15 +327,15 @@ def plot(report: Report, path: str | Path, comparison: Comparison | None = None)
     left.grid(alpha=0.3)
     left.legend(loc="lower left", fontsize=8)
 
-    with_bars(right, ks, "tau", "τ(K)  analytic mean acceptance length", "#2ca02c", "o")
-    with_bars(right, ks, "tau_sim", "τ_sim(K)  simulated decode", "#9467bd", "^")
-    with_bars(right, ks, "speedup", f"speedup(K)  c = {report.cost.c:.3f} ({report.cost.source})", "#d62728", "s")
+    with_bars(right, ks, "tau", "τ(K)  vLLM's mean acceptance length (per-position)", "#2ca02c", "o")
+    with_bars(right, ks, "tau_sim", "τ_sim(K)  simulated decode (the verdict's τ)", "#9467bd", "^")
+    with_bars(right, ks, "speedup", f"speedup(K) = τ_sim / cost,  c = {report.cost.c:.3f} ({report.cost.source})", "#d62728", "s")
     if comparison is not None:
         kc = np.arange(1, comparison.k + 1)
         right.plot(kc, comparison.overall.baseline.value.speedup[: comparison.k], "--", color="#d62728", alpha=0.6,
                    label="speedup baseline")
     right.axhline(1.0, color="grey", linewidth=1, linestyle=":", label="1× (no speedup)")
-    if v.enforced and v.gate.metric in ("speedup", "tau", "tau_sim"):
+    if v.enforced and v.gate.metric in ("speedup", "tau_sim"):
         right.axhline(v.gate.threshold, color="black", linewidth=1, linestyle="--", label=f"gate {v.gate.text}")
     right.plot([kb], [o.value.speedup[kb - 1]], marker="*", markersize=16, color="#d62728", linestyle="none",
                label=f"best K = {kb}")

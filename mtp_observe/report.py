@@ -1,21 +1,44 @@
 """The report: a run directory read back, summarised, judged against a gate, compared with a baseline.
 
 Contract:
-    load_run(path) -> Run            reads a run directory of schema_version 1 (tables.py) and
-                                     refuses anything else in one line (RunDirectoryError)
+    load_run(path) -> Run            reads a run directory of schema_version 1 or 2 (tables.py) and
+                                     refuses anything else in one line (RunDirectoryError); a version-1
+                                     run is read with a note per thing it lacks
     newest_run(root) -> Path         the run `mtp-observe report` reads when given none
     resolve_cost(run, ...) -> Cost   the speedup denominator: --probe, else --draft-cost, else roofline
     summarize(run, cost, ...) -> Report
                                      every metric of ACCEPTANCE.md per K <= Kmax, sliced by segment,
-                                     turn and session, with bootstrap intervals over sessions, the best
-                                     K and the verdict
+                                     context length, turn and session, with bootstrap intervals, the
+                                     recording sampler, the best K and the verdict
     compare(report, baseline) -> Comparison
                                      the same numbers as differences, flagged where the difference's
-                                     interval excludes zero
+                                     interval excludes zero; resamples paired over the sessions both share
     report_json(report, comparison) -> dict
                                      the stable JSON (`--format json`, keys in README.md)
     read_and_summarize(path, ...) -> Reading
                                      all of the above, as `mtp-observe report` runs it
+
+Decisions, written down once:
+- τ_sim is the verdict's τ: speedup, best K and the gate read the simulated decode (exact for chain
+  speculation on the recorded trajectory when the traffic is the target's own under its recording
+  sampler). τ(K) is shown under vLLM's name, "mean acceptance length" (per-position formula).
+- The recording sampler: `replay --recorded-with` (run.json) or `report --recorded-with` declares it;
+  a run whose sessions carry their own meta.sampling declares it per session (the `recorded` profile);
+  otherwise the best-fitting candidate (metrics.best_fit: the likeliest that fits) is named. UNRELIABLE only when the
+  traffic fits no declared or candidate sampler (metrics.fits), with the statistics.
+- What-if under another profile S: τ_S = span tokens / expected steps of the walk with S's acceptance
+  probabilities (metrics.expected_decode_steps). Depth j's probability is p_accept_S of the row while
+  the chain is on the recorded path; once an earlier draft was not the recorded token the row's
+  p_accept is conditioned on the wrong prefix, so the run's mean conditional rate ᾱ_j(S) stands in.
+  An estimate, and labelled so; the bootstrap treats ᾱ as fixed.
+- Intervals: with at least metrics.MIN_SESSIONS_FOR_BOOTSTRAP sessions, whole sessions are resampled;
+  with fewer, turns within sessions (said in a note: the interval then reflects turn-to-turn variation
+  only); a run of one session, an interval of zero width or none at all makes no verdict.
+- The verdict: UNRELIABLE when the run is not complete, the traffic fits no sampler, it has fewer than
+  metrics.MIN_SESSIONS_FOR_VERDICT sessions, or the interval cannot be estimated; else GO when the lower
+  bound of the gated metric at the best K clears the threshold, NO-GO otherwise.
+- Context slices: rows by the anchor's position p (CONTEXT_BINS); τ_sim and the fit sums of a context
+  slice walk the turns that start in it.
 
 Counts are taken here (`tally`); rates are derived only in `metrics.py`; presenting lives in
 `presentation.py` and `heatmap.py`. Imports no torch: pandas, numpy and pyarrow only, so a CI job
@@ -37,11 +60,17 @@ import pyarrow.dataset as pads
 
 from .errors import OptionError, RunDirectoryError
 from .metrics import (
-    RATE_FIELDS, Counts, Rates, best_k, bootstrap_weights, nanmean, percentile_interval, rates, simulate_decode,
+    CALIBRATION_TOLERANCE, MIN_SESSIONS_FOR_BOOTSTRAP, MIN_SESSIONS_FOR_VERDICT, MIN_SUPPORT, MIN_TURNS_FOR_BOOTSTRAP,
+    LL_FLOOR, RATE_FIELDS, Z_MAX, Counts, Rates, best_fit, best_k, bootstrap_weights, expected_decode_steps, fits, nanmean,
+    percentile_interval, rates, simulate_decode, stratified_weights,
 )
 from .tables import SEGMENTS, _one_line, _run_error, read_manifest
 
-REPORT_VERSION = 1  # the "report_version" of report_json; bump on an incompatible key change
+REPORT_VERSION = 2  # the "report_version" of report_json; bump on an incompatible key change (2: best.tau_sim is the
+# verdict's τ, speedup from τ_sim, recorded_with, slices.context, tau_profile is the position-aware what-if estimate)
+CONTEXT_BINS = ((0, 4096, "0-4k"), (4096, 16384, "4k-16k"), (16384, 32768, "16k-32k"), (32768, 65536, "32k-64k"),
+                (65536, None, "64k+"))  # [lo, hi) of the anchor position p
+FIT_STATS = ("support", "q", "q2", "var", "ll")
 PROBE_VERSION = 1  # the "probe_version" probe.json carries (written by probe.py)
 
 # ---------------------------------------------------------------------------------------------
@@ -68,13 +97,15 @@ class Rows:
 
 @dataclass(frozen=True)
 class Spans:
-    """Scored spans [s, e] of requests.parquet, sorted by (session, request, start). N spans."""
+    """Scored spans [s, e] of requests.parquet, sorted by (session, request, start). N spans, P profiles."""
 
     session: np.ndarray  # [N] int64
     request: np.ndarray  # [N] int64
     start: np.ndarray  # [N] int64  s, the first generated token
     end: np.ndarray  # [N] int64  e, the end-of-turn token (inclusive)
     turn: np.ndarray  # [N] int64
+    fit_tokens: np.ndarray  # [N] int64  scored tokens the fit sums cover (0 in a version-1 run)
+    fit: np.ndarray  # [N, 5, P] float64  support, q, q2, var, ll per profile (FIT_STATS; zeros in a version-1 run)
 
 
 @dataclass(frozen=True)
@@ -90,7 +121,14 @@ class Run:
     rows: Rows
     spans: Spans
     accepted_len: np.ndarray  # [A] int64  accepted length at each anchor, in row order (= span order)
-    notes: tuple[str, ...]  # what the reader noticed (partial run, sessions left out)
+    notes: tuple[str, ...]  # what the reader noticed (partial run, sessions left out, what a version-1 run lacks)
+    version: int = 2  # schema_version
+    own_sampler: np.ndarray | None = None  # [S] bool  the session's `recorded` profile is its own meta.sampling
+    longest: np.ndarray | None = None  # [S] int64  tokens of each session's longest request
+
+    @property
+    def has_fit(self) -> bool:
+        return self.version >= 2
 
 
 def read_dataset(path: Path, columns: list[str], status: str, filter=None) -> pa.Table:
@@ -117,9 +155,15 @@ def load_run(path: str | Path) -> Run:
     K = manifest["k"]
     profiles = tuple(manifest.get("sampling", {}))
     status = str(manifest.get("status", "unknown"))
+    version = int(manifest["schema_version"])
     notes: list[str] = []
     if status != "complete":
         notes.append(f"run status is {status!r}: the report covers the sessions written so far")
+    if version < 2:
+        notes.append("schema_version 1 run: no recording-sampler sums, so only greedy traffic can be recognised "
+                     "(the on-policy rate); re-run replay for sampled traffic")
+        notes.append("schema_version 1 run: its profiles have no penalties or min-p, and no what-if estimates "
+                     "(they need the sampler sums); re-run replay for them")
 
     # 1. positions.parquet -> arrays, sorted by (session, request, pos, depth)
     positions_path = path / "positions.parquet"
@@ -180,8 +224,9 @@ def load_run(path: str | Path) -> Run:
 
     # 3. requests.parquet -> spans of the sessions that have rows; every anchor in exactly one span
     requests_path = path / "requests.parquet"
-    req = read_dataset(requests_path, ["session_id", "request", "spans"], status)
-    spans = _flatten_spans(req, sessions, requests_path, notes)
+    req = read_dataset(requests_path, ["session_id", "request", "spans", "n_tokens"]
+                       + (["fit", "recorded_sampling"] if version >= 2 else []), status)
+    spans = _flatten_spans(req, sessions, requests_path, notes, profiles, read_fit=version >= 2)
     a_session, a_request, a_pos = session[first], request[first], pos[first]
     span_index = _assign_spans(a_session, a_request, a_pos, spans)
     if (span_index < 0).any():
@@ -206,8 +251,24 @@ def load_run(path: str | Path) -> Run:
         session=session, request=request, pos=pos, depth=depth, segment=segment, turn=spans.turn[span_index][anchor],
         accepted=accepted, on_path=on_path, on_policy=on_policy, p_accept=p_accept, draft_token=draft_token, anchor=anchor,
     )
+    own, longest = _session_facts(req, sessions, version)
     return Run(path=path, manifest=manifest, k=K, profiles=profiles, sessions=sessions, segments=segments,
-               rows=rows, spans=spans, accepted_len=accepted_len, notes=tuple(notes))
+               rows=rows, spans=spans, accepted_len=accepted_len, notes=tuple(notes), version=version,
+               own_sampler=own, longest=longest)
+
+
+def _session_facts(requests: pa.Table, sessions: tuple[str, ...], version: int) -> tuple[np.ndarray, np.ndarray]:
+    """([S] the session was scored with its own meta.sampling, [S] its longest request's tokens)."""
+    index = {s: i for i, s in enumerate(sessions)}
+    code = np.array([index.get(s, -1) for s in requests.column("session_id").to_pylist()], dtype=np.int64)
+    keep = code >= 0
+    longest = np.zeros(len(sessions), dtype=np.int64)
+    np.maximum.at(longest, code[keep], requests.column("n_tokens").to_numpy(zero_copy_only=False).astype(np.int64)[keep])
+    own = np.zeros(len(sessions), dtype=bool)
+    if version >= 2:
+        source = requests.column("recorded_sampling").combine_chunks().field("source").to_pylist()
+        np.logical_or.at(own, code[keep], np.array([x == "session" for x in source], dtype=bool)[keep])
+    return own, longest
 
 
 def _factorize(values) -> tuple[np.ndarray, tuple[str, ...]]:
@@ -218,7 +279,9 @@ def _factorize(values) -> tuple[np.ndarray, tuple[str, ...]]:
     return codes.astype(np.int64), tuple(str(u) for u in uniques)
 
 
-def _flatten_spans(requests: pa.Table, sessions: tuple[str, ...], where: Path, notes: list[str]) -> Spans:
+def _flatten_spans(requests: pa.Table, sessions: tuple[str, ...], where: Path, notes: list[str],
+                   profiles: tuple[str, ...], read_fit: bool) -> Spans:
+    """Spans sorted by (session, request, start), with their fit sums (zeros without read_fit: a version-1 run)."""
     spans_col = requests.column("spans").combine_chunks()
     lengths = spans_col.value_lengths().fill_null(0).to_numpy().astype(np.int64)
     flat = spans_col.flatten()
@@ -234,10 +297,27 @@ def _flatten_spans(requests: pa.Table, sessions: tuple[str, ...], where: Path, n
     start = flat.field("start").to_numpy(zero_copy_only=False).astype(np.int64)
     end = flat.field("end").to_numpy(zero_copy_only=False).astype(np.int64)
     turn = flat.field("turn").to_numpy(zero_copy_only=False).astype(np.int64)
+    P = len(profiles)
+    fit_tokens, fit = np.zeros(len(start), dtype=np.int64), np.zeros((len(start), len(FIT_STATS), P))
+    if read_fit:
+        fit_col = requests.column("fit").combine_chunks()
+        if not np.array_equal(fit_col.value_lengths().fill_null(0).to_numpy(), lengths):
+            raise _run_error(where, "fit has not one entry per span in some request; the file is corrupt, re-run replay")
+        fit_flat = fit_col.flatten()
+        names = {f.name for f in fit_flat.type}
+        missing = [f"{stat}_{p}" for p in profiles for stat in FIT_STATS if f"{stat}_{p}" not in names]
+        if missing:
+            raise _run_error(where, f"fit has no {missing[0]}; it was not written with this run's profiles (re-run replay)")
+        fit_tokens = fit_flat.field("tokens").to_numpy(zero_copy_only=False).astype(np.int64)
+        for j, stat in enumerate(FIT_STATS):
+            for i, prof in enumerate(profiles):
+                fit[:, j, i] = fit_flat.field(f"{stat}_{prof}").to_numpy(zero_copy_only=False).astype(np.float64)
     keep = session >= 0
     session, request, start, end, turn = session[keep], request[keep], start[keep], end[keep], turn[keep]
+    fit_tokens, fit = fit_tokens[keep], fit[keep]
     order = np.lexsort((start, request, session))
-    spans = Spans(session=session[order], request=request[order], start=start[order], end=end[order], turn=turn[order])
+    spans = Spans(session=session[order], request=request[order], start=start[order], end=end[order], turn=turn[order],
+                  fit_tokens=fit_tokens[order], fit=fit[order])
     bad = spans.end < spans.start
     same_request = (spans.session[1:] == spans.session[:-1]) & (spans.request[1:] == spans.request[:-1])
     bad[1:] |= same_request & (spans.start[1:] <= spans.end[:-1])
@@ -387,12 +467,11 @@ def resolve_cost(run: Run, probe: str | Path | None = None, draft_cost: float | 
 
 
 # ---------------------------------------------------------------------------------------------
-# 3. The gate
+# 3. The gate and the recording sampler
 
 
 GATE_METRICS = {  # gate name -> (Rates field, depth-indexed by best K?)
     "speedup": ("speedup", True),
-    "tau": ("tau", True),
     "tau_sim": ("tau_sim", True),
     "alpha1": ("alpha", False),
 }
@@ -402,7 +481,7 @@ DEFAULT_GATE = "speedup>=1"
 
 @dataclass(frozen=True)
 class Gate:
-    metric: str  # "speedup" | "tau" | "tau_sim" | "alpha1"
+    metric: str  # "speedup" | "tau_sim" | "alpha1"
     threshold: float
     text: str  # as written, normalised: "speedup>=1.2"
 
@@ -410,10 +489,120 @@ class Gate:
 def parse_gate(text: str) -> Gate:
     """'speedup>=1.2' -> Gate. Strict: METRIC>=NUMBER, nothing else (no '>', no unknown metric, no trailing text)."""
     m = _GATE.fullmatch(text)
+    if m is not None and m.group(1) == "tau":
+        raise OptionError(f"--gate {text!r}: tau, vLLM's mean acceptance length (per-position formula), overstates what a "
+                          "decoder emits when acceptance comes in bursts and is not a verdict metric; gate on tau_sim "
+                          "(the simulated decode) or speedup")
     if m is None or m.group(1) not in GATE_METRICS:
         raise OptionError(f"--gate {text!r}: expected METRIC>=NUMBER with METRIC one of "
                           f"{', '.join(GATE_METRICS)} (e.g. --gate 'speedup>=1.2')")
     return Gate(metric=m.group(1), threshold=float(m.group(2)), text=f"{m.group(1)}>={m.group(2)}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """How the recorded tokens fit one sampler (ACCEPTANCE.md, "The recording sampler")."""
+
+    name: str
+    greedy: bool
+    support: float  # scored tokens with q(x) > 0
+    calibration: float  # Σ q(x) / Σ Σ q²
+    z: float  # (Σ q(x) - Σ Σ q²) / √variance under own sampling; NaN for greedy (no variance)
+    fits: bool  # metrics.fits
+    log_likelihood: float  # per scored token (a token outside the support counts log LL_FLOOR); the best fit has the most
+
+
+@dataclass(frozen=True)
+class RecordingSampler:
+    name: str | None  # the profile the traffic is taken to be recorded with; None: no candidate fits
+    label: str  # for people, e.g. "thinking_coding (best fit of 7)"
+    declared: str | None  # "replay" (run.json), "report" (--recorded-with), "sessions" (every session's own
+    #                       meta.sampling), None (the best-fitting candidate)
+    fits: bool
+    candidates: tuple[Candidate, ...]
+    tokens: int  # scored tokens the statistics cover
+    own_sessions: int  # sessions scored with their own meta.sampling (the `recorded` profile)
+    min_support: float
+    reason: str  # one sentence, with the statistics
+
+    def candidate(self, name: str | None) -> Candidate | None:
+        return next((c for c in self.candidates if c.name == name), None)
+
+
+def _stats(c: Candidate) -> str:
+    z = "" if c.greedy or not math.isfinite(c.z) else f", z {c.z:+.1f}"
+    cal = "" if c.greedy else f", calibration {c.calibration:.3f}"
+    return f"{c.name}: support {c.support:.3f}{cal}{z}"
+
+
+def recording_sampler(run: Run, overall: Rates, recorded_with: str | None, min_support: float) -> RecordingSampler:
+    """Which sampler the traffic was recorded with, and whether it fits (the decisions in the module docstring)."""
+    sampling = run.manifest.get("sampling") or {}
+    own = int(run.own_sampler.sum()) if run.own_sampler is not None else 0
+    S = len(run.sessions)
+
+    def greedy(name: str) -> bool:
+        params = sampling.get(name) or {}
+        return isinstance(params, dict) and _finite(params.get("temperature")) and params["temperature"] < 1e-5
+
+    if not run.has_fit:  # version 1: greedy, through the on-policy rate, is all that can be checked
+        if recorded_with not in (None, "greedy"):
+            raise OptionError(f"--recorded-with {recorded_with}: this schema_version 1 run has no sampler sums, so only "
+                              "greedy can be checked; re-run replay to check a sampler")
+        rate = float(overall.on_policy)
+        candidates = (Candidate("greedy", True, rate, rate, float("nan"), fits(rate, rate, float("nan"), True, min_support),
+                                (1 - rate) * math.log(LL_FLOOR)),)
+        chosen, declared = "greedy", ("report" if recorded_with else None)
+    else:
+        listed = [p for p in run.profiles if p != "recorded" or own > 0 or run.manifest.get("recorded_with")
+                  or recorded_with == "recorded"]
+        candidates = []
+        for p in listed:
+            i = run.profiles.index(p)
+            g = greedy(p)
+            sup, cal, z = float(overall.support[i]), float(overall.calibration[i]), float(overall.fit_z[i])
+            candidates.append(Candidate(p, g, sup, cal, float("nan") if g else z, fits(sup, cal, z, g, min_support),
+                                        float(overall.log_likelihood[i])))
+        candidates = tuple(candidates)
+        if recorded_with is not None:
+            if recorded_with not in run.profiles:
+                raise OptionError(f"--recorded-with {recorded_with}: the run has no such profile; it has "
+                                  f"{', '.join(run.profiles)}")
+            chosen, declared = recorded_with, "report"
+        elif run.manifest.get("recorded_with"):
+            chosen, declared = "recorded", "replay"
+        elif S and own == S:
+            chosen, declared = "recorded", "sessions"
+        else:
+            chosen = best_fit([c.name for c in candidates], [c.log_likelihood for c in candidates], [c.fits for c in candidates])
+            declared = None
+    tokens = int(run.spans.fit_tokens.sum()) if run.has_fit else int((run.rows.depth == 1).sum())
+    pick = next((c for c in candidates if c.name == chosen), None)
+    if declared == "replay":
+        base = run.manifest["recorded_with"]
+        label = base + (f" (each of {own} session(s) with its own meta.sampling)" if own else "") + ", declared at replay"
+    elif declared == "sessions":
+        label = "each session's own meta.sampling"
+    elif declared == "report":
+        label = f"{chosen}, declared by --recorded-with"
+    elif pick is not None:
+        same = [c.name for c in candidates if c.name != pick.name and c.log_likelihood == pick.log_likelihood]
+        label = f"{pick.name} (best fit of {len(candidates)} candidates" + (f"; identical: {', '.join(same)}" if same else "") + ")"
+    else:
+        label = "none fits"
+    every = "; ".join(_stats(c) for c in candidates)
+    rule = (f"a sampler fits when its support is >= {min_support:g} and its calibration is within {CALIBRATION_TOLERANCE:g} "
+            f"of 1 or |z| <= {Z_MAX:g}")
+    if pick is None:
+        reason = (f"the recorded tokens fit no sampler, so they were not generated by this target with any of them and "
+                  f"acceptance against them does not predict serving ({rule}): {every}")
+    elif not pick.fits:
+        reason = (f"the recorded tokens do not fit {label} ({rule}): {_stats(pick)}; the other candidates: "
+                  + "; ".join(_stats(c) for c in candidates if c is not pick))
+    else:
+        reason = f"recorded with {label}: {_stats(pick)}"
+    return RecordingSampler(name=chosen, label=label, declared=declared, fits=bool(pick is not None and pick.fits),
+                            candidates=candidates, tokens=tokens, own_sessions=own, min_support=min_support, reason=reason)
 
 
 @dataclass(frozen=True)
@@ -425,7 +614,7 @@ class Verdict:
     value: float  # the gated metric at K
     lower: float  # its bootstrap lower bound (what must clear the threshold)
     on_policy: float
-    min_on_policy: float
+    min_support: float
     reason: str  # one sentence for people
 
     @property
@@ -433,29 +622,37 @@ class Verdict:
         return 0 if not self.enforced or self.status == "GO" else 1
 
 
-def judge(overall: "Slice", k: int, gate: Gate | None, min_on_policy: float) -> Verdict:
-    """GO when the lower bound of the gated metric at the best K clears the threshold; UNRELIABLE
-    (whatever the numbers) when the on-policy rate is below min_on_policy."""
+def judge(overall: "Slice", k: int, gate: Gate | None, recording: RecordingSampler, status: str, sessions: int,
+          resampling: "Resampling") -> Verdict:
+    """GO when the lower bound of the gated metric at the best K clears the threshold, NO-GO when it does not;
+    UNRELIABLE (whatever the numbers) when the run is not complete, the traffic fits no sampler, the run has
+    fewer than MIN_SESSIONS_FOR_VERDICT sessions, or there is no interval of non-zero width."""
     enforced = gate is not None
     gate = gate or parse_gate(DEFAULT_GATE)
     field, by_k = GATE_METRICS[gate.metric]
     at = k - 1 if by_k else 0
     value = float(getattr(overall.value, field)[at])
     lower = float(getattr(overall.lo, field)[at]) if overall.lo is not None else float("nan")
-    on_policy = float(overall.value.on_policy)
+    upper = float(getattr(overall.hi, field)[at]) if overall.hi is not None else float("nan")
     where = f"at K={k}" if by_k else "(depth 1)"
-    if not on_policy >= min_on_policy:
-        status = "UNRELIABLE"
-        reason = (f"on-policy rate {on_policy:.3f} < {min_on_policy:g}: the sessions were not generated by this target "
-                  "with greedy decoding, so acceptance against them does not predict serving")
+    if status != "complete":
+        verdict = ("UNRELIABLE", f"run status is {status!r}: an unfinished run covers only the sessions written so far and "
+                                 "is not a verdict; finish it with `mtp-observe replay ... --resume`")
+    elif not recording.fits:
+        verdict = ("UNRELIABLE", recording.reason)
+    elif sessions < MIN_SESSIONS_FOR_VERDICT:
+        verdict = ("UNRELIABLE", f"{sessions} session: turns of one conversation say nothing about the next one; replay at "
+                                 f"least {MIN_SESSIONS_FOR_VERDICT} sessions ({MIN_SESSIONS_FOR_BOOTSTRAP} for an interval "
+                                 "over sessions)")
+    elif not (math.isfinite(lower) and math.isfinite(upper)) or upper - lower <= 0:
+        verdict = ("UNRELIABLE", f"{gate.metric} {where} = {value:.3f} has no interval of non-zero width "
+                                 f"({resampling.note or 'every resample gives the same value'}); replay more sessions")
     elif lower >= gate.threshold:
-        status = "GO"
-        reason = f"{gate.metric} {where} = {value:.3f}, 95% lower bound {lower:.3f} >= {gate.threshold:g}"
+        verdict = ("GO", f"{gate.metric} {where} = {value:.3f}, 95% lower bound {lower:.3f} >= {gate.threshold:g}")
     else:
-        status = "NO-GO"
-        reason = f"{gate.metric} {where} = {value:.3f}, 95% lower bound {lower:.3f} < {gate.threshold:g}"
-    return Verdict(status=status, gate=gate, enforced=enforced, k=k, value=value, lower=lower, on_policy=on_policy,
-                   min_on_policy=min_on_policy, reason=reason)
+        verdict = ("NO-GO", f"{gate.metric} {where} = {value:.3f}, 95% lower bound {lower:.3f} < {gate.threshold:g}")
+    return Verdict(status=verdict[0], gate=gate, enforced=enforced, k=k, value=value, lower=lower,
+                   on_policy=float(overall.value.on_policy), min_support=recording.min_support, reason=verdict[1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -463,17 +660,45 @@ def judge(overall: "Slice", k: int, gate: Gate | None, min_on_policy: float) -> 
 
 
 @dataclass(frozen=True)
+class Resampling:
+    """How the intervals resample: whole sessions, turns within sessions, or not at all."""
+
+    unit: str  # "session" | "turn" | "none"
+    weights: np.ndarray | None  # [B, U] draws of each unit (U = sessions or spans); None for "none"
+    note: str | None  # said in the report when the unit is not the session
+    strata: np.ndarray | None = None  # [U] the session of each turn ("turn" only)
+    keys: tuple | None = None  # [U] (session id, request, start) of each turn ("turn" only), to pair turns across runs
+
+
+def resampling_for(run: Run, replicates: int, seed: int) -> Resampling:
+    S, N = len(run.sessions), len(run.spans.start)
+    if S >= MIN_SESSIONS_FOR_BOOTSTRAP:
+        return Resampling("session", bootstrap_weights(S, replicates, seed), None)
+    if N >= MIN_TURNS_FOR_BOOTSTRAP and S >= 1:
+        return Resampling("turn", stratified_weights(run.spans.session, replicates, seed),
+                          f"{S} session(s), fewer than the {MIN_SESSIONS_FOR_BOOTSTRAP} a bootstrap over sessions needs: "
+                          f"the intervals resample the {N} turns within their sessions, so they show turn-to-turn "
+                          "variation only, not session-to-session", strata=run.spans.session,
+                          keys=tuple((run.sessions[a], int(b), int(c)) for a, b, c in
+                                     zip(run.spans.session, run.spans.request, run.spans.start)))
+    return Resampling("none", None, f"{S} session(s) and {N} turn(s): too few to resample "
+                                    f"(at least {MIN_TURNS_FOR_BOOTSTRAP} turns are needed); no intervals")
+
+
+@dataclass(frozen=True)
 class Slice:
-    """One slice of the rows (all, a segment, a turn, a session): rates over K = 1..Kmax."""
+    """One slice of the rows (all, a segment, a context range, a turn, a session): rates over K = 1..Kmax."""
 
     name: str
     anchors: int  # depth-1 rows in the slice
     sessions: int  # sessions with at least one anchor in the slice
-    value: Rates  # token-weighted: the rates of the pooled counts; arrays [K] ([P, K] for tau_profile)
+    value: Rates  # token-weighted: the rates of the pooled counts; arrays [K] ([P, K], [P] per profile)
     session_weighted: Rates | None  # the mean over sessions of each session's rates (None for one session)
     lo: Rates | None  # bootstrap lower / upper percentile (None where not bootstrapped)
     hi: Rates | None
-    replicates: Rates | None  # [B, ...] the bootstrap replicates, kept for baseline differences
+    replicates: Rates | None  # [B, ...] the bootstrap replicates
+    per_session: Counts | None = None  # [S, ...] the slice's counts per session (baseline pairing)
+    per_unit: Counts | None = None  # [U, ...] per resampled unit
 
 
 @dataclass(frozen=True)
@@ -491,38 +716,49 @@ class Report:
     segments: tuple[Slice, ...]  # by the drafted token's segment; bootstrapped
     turns: tuple[Slice, ...]  # by turn index (name "0", "1", ...); point estimates
     sessions: tuple[Slice, ...]  # one per session, in input order; point estimates
-    best_k: int  # argmax of the token-weighted speedup
+    best_k: int  # argmax of the token-weighted speedup (τ_sim)
     verdict: Verdict
     notes: tuple[str, ...]
+    context: tuple[Slice, ...] = ()  # by the anchor's position (CONTEXT_BINS); bootstrapped
+    recording: RecordingSampler | None = None
+    resampling: Resampling | None = None
 
 
-def tally(run: Run, row_group: np.ndarray, n_groups: int, span_group: np.ndarray | None, steps: np.ndarray) -> Counts:
+def tally(run: Run, row_group: np.ndarray, n_groups: int, span_group: np.ndarray | None, steps: np.ndarray,
+          expected: np.ndarray | None = None) -> Counts:
     """Counts per group: row_group [R] and span_group [N] (None: spans not counted, τ_sim NaN) -> Counts [G, ...].
 
-    steps: [N, K] simulated decode steps of each span at K = 1..Kmax.
+    steps: [N, K] simulated decode steps of each span at K = 1..Kmax; expected: [N, P, K] the what-if
+    expected steps per profile (None: zeros).
     """
-    K = run.k
+    K, P = run.k, len(run.profiles)
     r = run.rows
     cell = row_group * K + (r.depth - 1)
 
     def per_cell(weights=None) -> np.ndarray:
         return np.bincount(cell, weights=weights, minlength=n_groups * K).reshape(n_groups, K)
 
+    def per_span(values: np.ndarray) -> np.ndarray:  # [N, ...] -> [G, ...]
+        out = np.zeros((n_groups,) + values.shape[1:])
+        if span_group is not None:
+            np.add.at(out, span_group, values)
+        return out
+
     first = r.depth == 1
-    p_accept = [per_cell(np.where(r.on_path, r.p_accept[:, i], 0.0)) for i in range(len(run.profiles))]
-    if span_group is None:
-        span_tokens, span_steps = np.zeros(n_groups, dtype=np.int64), np.zeros((n_groups, K), dtype=np.int64)
-    else:
-        span_tokens = np.bincount(span_group, weights=run.spans.end - run.spans.start, minlength=n_groups)
-        span_steps = np.stack([np.bincount(span_group, weights=steps[:, k], minlength=n_groups) for k in range(K)], axis=-1)
+    p_accept = [per_cell(np.where(r.on_path, r.p_accept[:, i], 0.0)) for i in range(P)]
+    N = len(run.spans.start)
+    fit = per_span(run.spans.fit)  # [G, 5, P]
     return Counts(
         evaluable=per_cell().astype(np.int64),
         on_path=per_cell(r.on_path).astype(np.int64),
         accepted=per_cell(r.accepted).astype(np.int64),
         p_accept=np.stack(p_accept, axis=1) if p_accept else np.zeros((n_groups, 0, K)),
         on_policy=np.bincount(row_group[first], weights=r.on_policy[first], minlength=n_groups).astype(np.int64),
-        span_tokens=np.asarray(span_tokens).astype(np.int64),
-        steps=np.asarray(span_steps).astype(np.int64),
+        span_tokens=per_span((run.spans.end - run.spans.start).astype(np.float64)).astype(np.int64),
+        steps=per_span(steps.astype(np.float64)).astype(np.int64),
+        expected_steps=per_span(expected if expected is not None else np.zeros((N, P, K))),
+        fit_tokens=per_span(run.spans.fit_tokens.astype(np.float64)).astype(np.int64),
+        fit_support=fit[:, 0, :], fit_q=fit[:, 1, :], fit_q2=fit[:, 2, :], fit_var=fit[:, 3, :], fit_ll=fit[:, 4, :],
     )
 
 
@@ -532,19 +768,78 @@ def simulated_steps(run: Run) -> np.ndarray:
     return np.stack([simulate_decode(run.accepted_len, span_len, k) for k in range(1, run.k + 1)], axis=-1)
 
 
-def _slice(name: str, per_session: Counts, cost: Cost, weights: np.ndarray | None, level: float) -> Slice:
-    """per_session: Counts [S, ...] of one slice -> its token-weighted, session-weighted and bootstrapped rates."""
+def what_if_steps(run: Run) -> np.ndarray:
+    """[N, P, K] expected decode steps of every span under each profile's acceptance probabilities (the what-if).
+
+    Depth j's probability is the row's p_accept while the chain is on the recorded path, else ᾱ_j(S),
+    the run's mean conditional rate at depth j under S (module docstring)."""
+    K, P, r = run.k, len(run.profiles), run.rows
+    A = int((r.depth == 1).sum())
+    if not run.has_fit or P == 0:
+        return np.zeros((len(run.spans.start), P, K))
+    on = r.on_path
+    mean = np.zeros((K, P))
+    for k in range(1, K + 1):
+        sel = on & (r.depth == k)
+        mean[k - 1] = r.p_accept[sel].mean(axis=0) if sel.any() else 0.0
+    accept = np.broadcast_to(mean[None], (A, K, P)).copy()
+    accept[r.anchor[on], r.depth[on] - 1] = r.p_accept[on]
+    return expected_decode_steps(accept, run.spans.end - run.spans.start, K)
+
+
+def _to_sessions(per_span: Counts, run: Run) -> Counts:
+    """Counts [N, ...] per span -> [S, ...] per session (counts add)."""
+    S = len(run.sessions)
+
+    def add(values: np.ndarray) -> np.ndarray:
+        out = np.zeros((S,) + values.shape[1:], dtype=values.dtype)
+        np.add.at(out, run.spans.session, values)
+        return out
+
+    return Counts(**{f: add(v) for f, v in vars(per_span).items()})
+
+
+def _slice(name: str, per_unit: Counts, per_session: Counts, cost: Cost, resampling: Resampling, level: float) -> Slice:
+    """Counts of one slice per resampled unit and per session -> its token-weighted, session-weighted and
+    bootstrapped rates."""
     present = per_session.evaluable[:, 0] > 0
     value = rates(per_session.total(), cost.c, cost.verify_extra)
     session_weighted = rates(per_session.take(present), cost.c, cost.verify_extra).map(nanmean)
     lo = hi = replicates = None
-    if weights is not None:
-        replicates = rates(per_session.resample(weights), cost.c, cost.verify_extra)
+    if resampling.weights is not None:
+        replicates = rates(per_unit.resample(resampling.weights), cost.c, cost.verify_extra)
         bounds = {f: percentile_interval(getattr(replicates, f), level) for f in RATE_FIELDS}
         lo = Rates(**{f: b[0] for f, b in bounds.items()})
         hi = Rates(**{f: b[1] for f, b in bounds.items()})
     return Slice(name=name, anchors=int(per_session.evaluable[:, 0].sum()), sessions=int(present.sum()), value=value,
-                 session_weighted=session_weighted, lo=lo, hi=hi, replicates=replicates)
+                 session_weighted=session_weighted, lo=lo, hi=hi, replicates=replicates, per_session=per_session,
+                 per_unit=per_unit)
+
+
+def context_bin(position: np.ndarray) -> np.ndarray:
+    """[n] positions -> [n] index into CONTEXT_BINS."""
+    edges = np.array([lo for lo, _, _ in CONTEXT_BINS[1:]])
+    return np.searchsorted(edges, position, side="right")
+
+
+def context_notes(run: Run) -> list[str]:
+    """Warnings about positions the checkpoint was not trained for (run.json's model limits, version 2)."""
+    model = run.manifest.get("model") or {}
+    notes = []
+    limit = model.get("max_position_embeddings")
+    if isinstance(limit, int) and run.longest is not None:
+        over = [run.sessions[i] for i in np.flatnonzero(run.longest > limit)]
+        if over:
+            notes.append(f"{len(over)} session(s) exceed the checkpoint's max_position_embeddings ({limit:,}; longest "
+                         f"request {int(run.longest.max()):,} tokens, e.g. {over[0]}): acceptance there is measured past "
+                         "the context the model was trained for")
+    rope = model.get("rope_scaling")
+    if rope:
+        kind = rope.get("rope_type", rope.get("type", "?")) if isinstance(rope, dict) else rope
+        factor = rope.get("factor") if isinstance(rope, dict) else None
+        notes.append(f"the checkpoint's config scales RoPE ({kind}" + (f", factor {factor}" if factor else "") + "): "
+                     "long-context slices measure the scaled model, which engines may serve with different settings")
+    return notes
 
 
 def summarize(
@@ -555,40 +850,56 @@ def summarize(
     seed: int = 0,
     level: float = 0.95,
     gate: Gate | None = None,
-    min_on_policy: float = 0.9,
+    min_support: float = MIN_SUPPORT,
+    recorded_with: str | None = None,
 ) -> Report:
-    """Every metric, slice, interval and the verdict for one run (ACCEPTANCE.md, 'Metrics')."""
+    """Every metric, slice, interval, the recording sampler and the verdict for one run (ACCEPTANCE.md, 'Metrics')."""
     assert replicates >= 1, replicates
-    S, K, G = len(run.sessions), run.k, len(run.segments)
+    S, K, N = len(run.sessions), run.k, len(run.spans.start)
     steps = simulated_steps(run)
-    weights = bootstrap_weights(S, replicates, seed)  # [B, S]
+    expected = what_if_steps(run)
+    plan = resampling_for(run, replicates, seed)
+    r = run.rows
+    anchor_span = np.repeat(np.arange(N), run.spans.end - run.spans.start)  # [A] span of each anchor
+    row_span = anchor_span[r.anchor]  # [R]
 
-    # 1. All rows, counted per session: token-weighted = pooled, session-weighted = mean of sessions.
-    per_session = tally(run, run.rows.session, S, run.spans.session, steps)
-    overall = _slice("all", per_session, cost, weights, level)
+    def family(row_group: np.ndarray, G: int, span_group: np.ndarray | None) -> tuple[Counts, Counts]:
+        """Counts [N, G, ...] per span and group, and [S, G, ...] per session."""
+        counts = tally(run, row_span * G + row_group, N * G,
+                       np.arange(N) * G + span_group if span_group is not None else None, steps, expected)
+        counts = Counts(**{f: v.reshape((N, G) + v.shape[1:]) for f, v in vars(counts).items()})
+        return counts, _to_sessions(counts, run)
 
-    # 2. By segment of the drafted token, per session so the bootstrap resamples sessions.
-    by_segment = tally(run, run.rows.session * G + run.rows.segment, S * G, None, steps)
-    by_segment = Counts(**{f: v.reshape((S, G) + v.shape[1:]) for f, v in vars(by_segment).items()})
-    segments = tuple(
-        _slice(run.segments[g], by_segment.take((slice(None), g)), cost, weights, level)
-        for g in range(G) if by_segment.evaluable[:, g, 0].sum() > 0
-    )
+    def units(per_span: Counts, per_session: Counts) -> Counts:
+        return per_span if plan.unit == "turn" else per_session
 
-    # 3. By turn index: point estimates (token- and session-weighted), no bootstrap. Counted per
-    #    (session, turn) pair that occurs, so long sessions with many turns stay small.
-    pairs, span_pair = np.unique(np.stack([run.spans.session, run.spans.turn], axis=1), axis=0, return_inverse=True)
-    span_pair = span_pair.reshape(-1)  # [N] the (session, turn) pair of each span
-    pair_turn = pairs[:, 1]  # [pairs]
-    anchor_span = np.repeat(np.arange(len(run.spans.start)), run.spans.end - run.spans.start)  # [A] span of each anchor
-    row_pair = span_pair[anchor_span][run.rows.anchor]  # [R]
-    by_pair = tally(run, row_pair, len(pairs), span_pair, steps)
+    # 1. All rows: token-weighted = pooled, session-weighted = mean of sessions.
+    all_span, all_session = family(np.zeros(len(r.depth), dtype=np.int64), 1, np.zeros(N, dtype=np.int64))
+    overall = _slice("all", units(all_span.take((slice(None), 0)), all_session.take((slice(None), 0))),
+                     all_session.take((slice(None), 0)), cost, plan, level)
+
+    # 2. By segment of the drafted token (a decode walk crosses segments: no τ_sim there), and by context length.
+    def sliced(row_group, names, span_group) -> tuple[Slice, ...]:
+        per_span, per_session = family(row_group, len(names), span_group)
+        return tuple(
+            _slice(names[g], units(per_span.take((slice(None), g)), per_session.take((slice(None), g))),
+                   per_session.take((slice(None), g)), cost, plan, level)
+            for g in range(len(names)) if per_session.evaluable[:, g, 0].sum() > 0
+        )
+
+    segments = sliced(r.segment, run.segments, None)
+    context = sliced(context_bin(r.pos), [name for _, _, name in CONTEXT_BINS], context_bin(run.spans.start))
+
+    # 3. By turn index: point estimates; each (session, turn) is one span, so the per-span counts are per pair.
+    per_span = all_span.take((slice(None), 0))
     turns = tuple(
-        _slice(str(int(t)), by_pair.take(np.flatnonzero(pair_turn == t)), cost, None, level)
-        for t in np.unique(pair_turn) if by_pair.evaluable[pair_turn == t, 0].sum() > 0
+        _slice(str(int(t)), per_span.take(np.flatnonzero(run.spans.turn == t)), per_span.take(np.flatnonzero(run.spans.turn == t)),
+               cost, Resampling("none", None, None), level)
+        for t in np.unique(run.spans.turn) if per_span.evaluable[run.spans.turn == t, 0].sum() > 0
     )
 
-    # 4. Per session: its own rates (no interval: the bootstrap unit is the session).
+    # 4. Per session: its own rates (no interval).
+    per_session = all_session.take((slice(None), 0))
     session_rates = rates(per_session, cost.c, cost.verify_extra)
     sessions = tuple(
         Slice(name=run.sessions[s], anchors=int(per_session.evaluable[s, 0]), sessions=1,
@@ -596,12 +907,15 @@ def summarize(
         for s in range(S)
     )
 
+    # 5. The recording sampler, the best K (by τ_sim's speedup) and the verdict.
+    recording = recording_sampler(run, overall.value, recorded_with, min_support)
     k = best_k(overall.value.speedup)
-    verdict = judge(overall, k, gate, min_on_policy)
+    verdict = judge(overall, k, gate, recording, str(run.manifest.get("status", "unknown")), S, plan)
+    notes = list(run.notes) + ([plan.note] if plan.note else []) + context_notes(run) + list(cost.notes)
     return Report(
         path=run.path, manifest=run.manifest, k=K, profiles=run.profiles, cost=cost, replicates=replicates, seed=seed,
-        level=level, rows=len(run.rows.depth), overall=overall, segments=segments, turns=turns, sessions=sessions,
-        best_k=k, verdict=verdict, notes=run.notes + cost.notes,
+        level=level, rows=len(r.depth), overall=overall, segments=segments, turns=turns, sessions=sessions,
+        best_k=k, verdict=verdict, notes=tuple(notes), context=context, recording=recording, resampling=plan,
     )
 
 
@@ -619,7 +933,7 @@ class Delta:
     value: Rates  # current - baseline (token-weighted)
     lo: Rates | None  # the difference's bootstrap interval (None where the slices were not bootstrapped)
     hi: Rates | None
-    flagged: tuple[str, ...]  # metrics whose difference interval excludes 0, e.g. "tau@K=2", "alpha@k=1", "on_policy"
+    flagged: tuple[str, ...]  # metrics whose difference interval excludes 0, e.g. "tau_sim@K=2", "alpha@k=1", "on_policy"
 
 
 @dataclass(frozen=True)
@@ -630,31 +944,45 @@ class Comparison:
     overall: Delta
     segments: tuple[Delta, ...]  # segments both runs have
     turns: tuple[Delta, ...]  # turns both runs have (no intervals, never flagged)
+    shared: int = 0  # sessions (by id) in both runs
+    only_current: int = 0
+    only_baseline: int = 0
+    paired: bool = False  # the replicates resample the shared sessions jointly
+    note: str = ""  # how the differences were resampled, for people
+    context: tuple[Delta, ...] = ()  # context ranges both runs have
+
+
+_PROFILE_FIELDS = ("tau_profile", "speedup_profile")  # [P, K]
+_SCALAR_FIELDS = ("on_policy",)
 
 
 def _restrict(r: Rates, k: int, profile_index: list[int]) -> Rates:
     def cut(field: str, a: np.ndarray) -> np.ndarray:
-        if field == "on_policy":
+        if field in _SCALAR_FIELDS:
             return a
+        if field in ("support", "calibration", "fit_z", "log_likelihood"):
+            return a[..., profile_index]
         a = a[..., :k]
-        return a[..., profile_index, :] if field == "tau_profile" else a
+        return a[..., profile_index, :] if field in _PROFILE_FIELDS else a
 
     return Rates(**{f: cut(f, getattr(r, f)) for f in RATE_FIELDS})
 
 
-def _delta(cur: Slice, base: Slice, k: int, cur_p: list[int], base_p: list[int], level: float) -> Delta:
+def _delta(cur: Slice, base: Slice, k: int, cur_p: list[int], base_p: list[int], level: float,
+           replicates: tuple[Rates, Rates] | None) -> Delta:
+    """replicates: (current, baseline) replicate rates drawn for the comparison (paired or not), or None."""
     value = Rates(**{f: getattr(_restrict(cur.value, k, cur_p), f) - getattr(_restrict(base.value, k, base_p), f)
                      for f in RATE_FIELDS})
     lo = hi = None
     flagged: list[str] = []
-    if cur.replicates is not None and base.replicates is not None:
-        # Replicate b of each run resamples its own sessions with the same seed: for runs over the same
-        # sessions this is the paired bootstrap of the difference, otherwise an independent one.
-        c, b = _restrict(cur.replicates, k, cur_p), _restrict(base.replicates, k, base_p)
+    if replicates is not None:
+        c, b = _restrict(replicates[0], k, cur_p), _restrict(replicates[1], k, base_p)
         bounds = {f: percentile_interval(getattr(c, f) - getattr(b, f), level) for f in RATE_FIELDS}
         lo = Rates(**{f: v[0] for f, v in bounds.items()})
         hi = Rates(**{f: v[1] for f, v in bounds.items()})
         for f in RATE_FIELDS:
+            if f in ("support", "calibration", "fit_z", "log_likelihood"):
+                continue  # statistics of the traffic, not of the head
             outside = (getattr(lo, f) > 0) | (getattr(hi, f) < 0)
             for index in zip(*np.nonzero(np.atleast_1d(outside))):
                 flagged.append(_metric_label(f, index))
@@ -664,27 +992,86 @@ def _delta(cur: Slice, base: Slice, k: int, cur_p: list[int], base_p: list[int],
 def _metric_label(field: str, index: tuple) -> str:
     if field == "on_policy":
         return "on_policy"
-    if field == "tau_profile":
-        return f"tau_profile[{index[0]}]@K={index[1] + 1}"
+    if field in ("tau_profile", "speedup_profile"):
+        return f"{field}[{index[0]}]@K={index[1] + 1}"
     return f"{field}@{'k' if field in ('alpha', 'accept_rate') else 'K'}={index[0] + 1}"
 
 
 def compare(current: Report, baseline: Report) -> Comparison:
-    """The current report's slices as differences from the baseline's (same seed and replicate count needed
-    for the intervals: both come from the same command line)."""
+    """The current report's slices as differences from the baseline's.
+
+    Replicates: when both runs resample sessions, one draw over the union of their session ids (by id)
+    gives each run the weights of its own sessions, so a session both runs have is drawn equally in both
+    (paired) and the others independently; when both resample turns, the same over the union of their
+    turns (by session id, request and start), within sessions; otherwise (one run without intervals, or
+    one resampling sessions and the other turns) the two runs are resampled independently (unpaired).
+    The comparison says how many sessions differ."""
     k = min(current.k, baseline.k)
     profiles = tuple(p for p in current.profiles if p in baseline.profiles)
     cur_p = [current.profiles.index(p) for p in profiles]
     base_p = [baseline.profiles.index(p) for p in profiles]
+    cur_ids = [s.name for s in current.sessions]
+    base_ids = [s.name for s in baseline.sessions]
+    shared = len(set(cur_ids) & set(base_ids))
+    only_cur, only_base = len(set(cur_ids) - set(base_ids)), len(set(base_ids) - set(cur_ids))
+    B, seed = current.replicates, current.seed
+    both_sessions = (current.resampling is not None and baseline.resampling is not None
+                     and current.resampling.unit == baseline.resampling.unit == "session")
+    if both_sessions:
+        union = cur_ids + [s for s in base_ids if s not in set(cur_ids)]
+        weights = bootstrap_weights(len(union), B, seed)
+        position = {s: i for i, s in enumerate(union)}
+        cur_w = weights[:, [position[s] for s in cur_ids]]
+        base_w = weights[:, [position[s] for s in base_ids]]
+    both_turns = (current.resampling is not None and baseline.resampling is not None
+                  and current.resampling.unit == baseline.resampling.unit == "turn")
+    if both_turns:
+        cur_keys, base_keys = list(current.resampling.keys), list(baseline.resampling.keys)
+        union_keys = cur_keys + [key for key in base_keys if key not in set(cur_keys)]
+        session_code = {sid: i for i, sid in enumerate(dict.fromkeys(key[0] for key in union_keys))}
+        weights = stratified_weights(np.array([session_code[key[0]] for key in union_keys]), B, seed)
+        position = {key: i for i, key in enumerate(union_keys)}
+        cur_w = weights[:, [position[key] for key in cur_keys]]
+        base_w = weights[:, [position[key] for key in base_keys]]
+    paired = (both_sessions or both_turns) and shared > 0
+    if paired:
+        note = (f"{shared} session(s) in both runs are resampled jointly (paired{', by turn' if both_turns else ''})"
+                + (f"; {only_cur} only in this run and {only_base} only in the baseline are resampled independently"
+                   if only_cur or only_base else ""))
+    else:
+        why = "no session id in common" if shared == 0 else "the runs resample different units (sessions, turns)"
+        note = (f"unpaired ({why}): the two runs are resampled independently; {shared} session(s) shared, {only_cur} only "
+                f"in this run, {only_base} only in the baseline")
 
-    def pair(cur: tuple[Slice, ...], base: tuple[Slice, ...]) -> tuple[Delta, ...]:
+    def replicas(cur: Slice, base: Slice) -> tuple[Rates, Rates] | None:
+        if both_sessions and cur.per_session is not None and base.per_session is not None:
+            return (rates(cur.per_session.resample(cur_w), current.cost.c, current.cost.verify_extra),
+                    rates(base.per_session.resample(base_w), baseline.cost.c, baseline.cost.verify_extra))
+        if both_turns and cur.per_unit is not None and base.per_unit is not None:
+            return (rates(cur.per_unit.resample(cur_w), current.cost.c, current.cost.verify_extra),
+                    rates(base.per_unit.resample(base_w), baseline.cost.c, baseline.cost.verify_extra))
+        if cur.replicates is None or base.replicates is None or base.per_unit is None or baseline.resampling is None:
+            return None
+        other = baseline.resampling  # redraw the baseline's resamples with another seed: independent of the current's
+        if other.unit == "turn":
+            w = stratified_weights(other.strata, B, seed + 1)
+        else:
+            w = bootstrap_weights(base.per_unit.evaluable.shape[0], B, seed + 1)
+        return cur.replicates, rates(base.per_unit.resample(w), baseline.cost.c, baseline.cost.verify_extra)
+
+    def pair(cur: tuple[Slice, ...], base: tuple[Slice, ...], intervals: bool = True) -> tuple[Delta, ...]:
         by_name = {s.name: s for s in base}
-        return tuple(_delta(s, by_name[s.name], k, cur_p, base_p, current.level) for s in cur if s.name in by_name)
+        return tuple(_delta(s, by_name[s.name], k, cur_p, base_p, current.level,
+                            replicas(s, by_name[s.name]) if intervals else None)
+                     for s in cur if s.name in by_name)
 
     return Comparison(
         baseline_path=baseline.path, k=k, profiles=profiles,
-        overall=_delta(current.overall, baseline.overall, k, cur_p, base_p, current.level),
-        segments=pair(current.segments, baseline.segments), turns=pair(current.turns, baseline.turns),
+        overall=_delta(current.overall, baseline.overall, k, cur_p, base_p, current.level,
+                       replicas(current.overall, baseline.overall)),
+        segments=pair(current.segments, baseline.segments), turns=pair(current.turns, baseline.turns, intervals=False),
+        shared=shared, only_current=only_cur, only_baseline=only_base, paired=paired, note=note,
+        context=pair(current.context, baseline.context),
     )
 
 
@@ -706,21 +1093,22 @@ def read_and_summarize(
     probe: str | Path | None = None,
     draft_cost: float | None = None,
     gate: Gate | None = None,
-    min_on_policy: float = 0.9,
+    min_support: float = MIN_SUPPORT,
+    recorded_with: str | None = None,
     replicates: int = 1000,
     seed: int = 0,
     root: str | Path = "reports",
 ) -> Reading:
     """What `mtp-observe report` computes. The run defaults to the newest under root. An explicit cost
     (--probe, --draft-cost) applies to the baseline too, so differences come from acceptance alone;
-    otherwise each run uses its own roofline."""
+    otherwise each run uses its own roofline. --recorded-with applies to the current run only."""
     if replicates < 1:
         raise OptionError(f"--replicates {replicates}: expected at least 1 bootstrap resample")
-    if not 0.0 <= min_on_policy <= 1.0:
-        raise OptionError(f"--min-on-policy {min_on_policy}: expected a rate between 0 and 1")
+    if not 0.0 <= min_support <= 1.0:
+        raise OptionError(f"--min-support {min_support}: expected a rate between 0 and 1")
     run = load_run(path if path is not None else newest_run(root))
-    options = dict(replicates=replicates, seed=seed, gate=gate, min_on_policy=min_on_policy)
-    report = summarize(run, resolve_cost(run, probe, draft_cost), **options)
+    options = dict(replicates=replicates, seed=seed, gate=gate, min_support=min_support)
+    report = summarize(run, resolve_cost(run, probe, draft_cost), recorded_with=recorded_with, **options)
     comparison = None
     if baseline is not None:
         base_run = load_run(baseline)
@@ -740,14 +1128,21 @@ def _num(x) -> float | None:
 
 def rates_json(r: Rates, profiles: tuple[str, ...]) -> dict:
     """A Rates of [K] arrays -> {"alpha": [K], "accept_rate": [K], "tau": [K], "tau_sim": [K],
-    "tau_profile": {profile: [K]}, "speedup": [K], "on_policy": x}; NaN -> null."""
+    "tau_profile": {profile: [K]}, "speedup": [K], "speedup_profile": {profile: [K]}, "on_policy": x,
+    "support": {profile: x}, "calibration": {profile: x}, "fit_z": {profile: x}, "log_likelihood": {profile: x}};
+    NaN -> null."""
     def seq(a):
         return [_num(v) for v in np.asarray(a)]
 
     return {
         "alpha": seq(r.alpha), "accept_rate": seq(r.accept_rate), "tau": seq(r.tau), "tau_sim": seq(r.tau_sim),
         "tau_profile": {p: seq(r.tau_profile[i]) for i, p in enumerate(profiles)},
-        "speedup": seq(r.speedup), "on_policy": _num(r.on_policy),
+        "speedup": seq(r.speedup), "speedup_profile": {p: seq(r.speedup_profile[i]) for i, p in enumerate(profiles)},
+        "on_policy": _num(r.on_policy),
+        "support": {p: _num(r.support[i]) for i, p in enumerate(profiles)},
+        "calibration": {p: _num(r.calibration[i]) for i, p in enumerate(profiles)},
+        "fit_z": {p: _num(r.fit_z[i]) for i, p in enumerate(profiles)},
+        "log_likelihood": {p: _num(r.log_likelihood[i]) for i, p in enumerate(profiles)},
     }
 
 
@@ -767,12 +1162,31 @@ def delta_json(d: Delta, profiles: tuple[str, ...]) -> dict:
             "flagged": list(d.flagged)}
 
 
+def recording_json(rec: RecordingSampler) -> dict:
+    pick = rec.candidate(rec.name)
+
+    def cand(c: Candidate) -> dict:
+        return {"name": c.name, "greedy": c.greedy, "support": _num(c.support), "calibration": _num(c.calibration),
+                "z": _num(c.z), "fits": c.fits, "log_likelihood": _num(c.log_likelihood)}
+
+    return {
+        "name": rec.name, "label": rec.label, "declared": rec.declared, "fits": rec.fits,
+        "support": _num(pick.support) if pick else None, "calibration": _num(pick.calibration) if pick else None,
+        "z": _num(pick.z) if pick else None, "tokens": rec.tokens, "own_sessions": rec.own_sessions,
+        "reason": rec.reason,
+        "rule": {"min_support": rec.min_support, "z_max": Z_MAX, "calibration_tolerance": CALIBRATION_TOLERANCE,
+                 "ll_floor": LL_FLOOR},
+        "candidates": [cand(c) for c in rec.candidates],
+    }
+
+
 def report_json(report: Report, comparison: Comparison | None = None) -> dict:
     m = report.manifest
     model = m.get("model") or {}
     k = report.best_k
     o = report.overall
     v = report.verdict
+    plan = report.resampling
 
     def at(r: Rates | None, field: str) -> float | None:
         return _num(getattr(r, field)[k - 1]) if r is not None else None
@@ -780,36 +1194,43 @@ def report_json(report: Report, comparison: Comparison | None = None) -> dict:
     return {
         "report_version": REPORT_VERSION,
         "run": {
-            "path": str(report.path), "status": m.get("status"), "created": m.get("created"),
-            "model": model.get("path"), "dtype": m.get("dtype"), "device": m.get("device"), "k": report.k,
-            "profiles": list(report.profiles), "sessions": len(report.sessions), "anchors": o.anchors,
+            "path": str(report.path), "status": m.get("status"), "schema_version": m.get("schema_version"),
+            "created": m.get("created"), "model": model.get("path"), "dtype": m.get("dtype"), "device": m.get("device"),
+            "k": report.k, "profiles": list(report.profiles), "sessions": len(report.sessions), "anchors": o.anchors,
             "rows": report.rows,
         },
         "cost": {"source": report.cost.source, "c": report.cost.c,
                  "verify_extra": [float(x) for x in report.cost.verify_extra], "detail": report.cost.detail},
-        "bootstrap": {"replicates": report.replicates, "seed": report.seed, "level": report.level},
+        "bootstrap": {"replicates": report.replicates, "seed": report.seed, "level": report.level,
+                      "unit": plan.unit if plan else None, "note": plan.note if plan else None},
         "k": list(range(1, report.k + 1)),
         "overall": slice_json(o, report.profiles),
         "best": {
             "k": k, "speedup": at(o.value, "speedup"), "speedup_lo": at(o.lo, "speedup"), "speedup_hi": at(o.hi, "speedup"),
-            "tau": at(o.value, "tau"), "tau_lo": at(o.lo, "tau"), "tau_hi": at(o.hi, "tau"),
             "tau_sim": at(o.value, "tau_sim"), "tau_sim_lo": at(o.lo, "tau_sim"), "tau_sim_hi": at(o.hi, "tau_sim"),
+            "tau": at(o.value, "tau"), "tau_lo": at(o.lo, "tau"), "tau_hi": at(o.hi, "tau"),
         },
         "on_policy": {"rate": _num(o.value.on_policy), "lo": _num(o.lo.on_policy) if o.lo else None,
-                      "hi": _num(o.hi.on_policy) if o.hi else None, "min": v.min_on_policy},
+                      "hi": _num(o.hi.on_policy) if o.hi else None, "min": v.min_support},
+        "recorded_with": recording_json(report.recording) if report.recording else None,
         "verdict": {"status": v.status, "gate": v.gate.text, "enforced": v.enforced, "metric": v.gate.metric,
                     "threshold": v.gate.threshold, "k": v.k, "value": _num(v.value), "lower": _num(v.lower),
                     "reason": v.reason, "exit_code": v.exit_code},
         "slices": {
             "segment": [slice_json(s, report.profiles) for s in report.segments],
+            "context": [slice_json(s, report.profiles) for s in report.context],
             "turn": [slice_json(s, report.profiles) for s in report.turns],
             "session": [slice_json(s, report.profiles) for s in report.sessions],
         },
         "notes": list(report.notes),
         "baseline": None if comparison is None else {
             "path": str(comparison.baseline_path), "k": comparison.k, "profiles": list(comparison.profiles),
+            "sessions": {"shared": comparison.shared, "only_current": comparison.only_current,
+                         "only_baseline": comparison.only_baseline, "paired": comparison.paired,
+                         "note": comparison.note},
             "overall": delta_json(comparison.overall, comparison.profiles),
             "slices": {"segment": [delta_json(d, comparison.profiles) for d in comparison.segments],
+                       "context": [delta_json(d, comparison.profiles) for d in comparison.context],
                        "turn": [delta_json(d, comparison.profiles) for d in comparison.turns]},
         },
     }

@@ -16,6 +16,11 @@ session, sorted by (request, pos, depth).
 
 This module imports no torch: the report reads through it.
 
+Schema history: version 2 added the recording-sampler sums (requests.parquet `fit`), the sampler
+each session was scored with (`recorded_sampling`), the profiles' penalties and min-p, the
+`recorded` and `greedy` profiles, and run.json's `recorded_with`, `model.generation_config`,
+`model.max_position_embeddings`, `model.rope_scaling`; the report reads version 1 and says what it lacks.
+
 run.json keys:
     schema_version      2 (version-1 runs are read too; they lack the keys marked "v2")
     tool                {"name": "mtp-observe", "version": str}
@@ -31,16 +36,35 @@ run.json keys:
     tokenizer_sha256    str
     k                   Kmax replayed (int)
     dtype, device       str
-    sampling            {profile: {"temperature", "top_p", "top_k"}}
+    sampling            {profile: {"temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                         "frequency_penalty", "repetition_penalty"}} (vLLM SamplingParams names), one
+                         p_accept_<profile> column each; "recorded" also has "per_session": true and
+                         "fallback" (the sampler of sessions without their own meta.sampling: the
+                         declared one, "generation_config" or "vllm_defaults")
+    recorded_with       v2: null, or the profile name `replay --recorded-with` declared
+    model.generation_config         v2: the checkpoint's generation_config.json sampler (as vLLM reads it), or null
+    model.max_position_embeddings   v2: the text config's, or null
+    model.rope_scaling              v2: the text config's rope parameters when they scale (rope_type other than
+                                    "default", or a factor), else null
     inputs              [{"path", "sha256", "sessions"}]   path "-" for standard input (its sha256 is of what was read)
     rendering           v2: null, or {"chat_template": {"path", "sha256"} | null, "template_kwargs": {...}}: what
                         --chat-template / --template-kwargs replaced (part of the run's identity: --resume needs the same)
     options             {"chunk_size", "on_error", "max_sessions", ...}
     counts              {"sessions_ok", "sessions_skipped", "requests", "tokens_replayed",
-                         "scored_tokens", "anchors", "rows"}
+                         "scored_tokens", "anchors", "rows", "max_request_tokens"}
     versions            {"python", "torch", "transformers"}
     errors              [{"path", "line", "session_id", "message"}]   skipped inputs and why
     timing              {"wall_s", "tokens_per_s"}
+
+requests.parquet columns added in version 2:
+    fit                 list<struct>, one per entry of `spans` (same order): "tokens" int32 (scored
+                        tokens x_t, t = s..e, t >= 1), and per profile P "support_P" int32 (tokens with
+                        q_t(x_t) > 0), "q_P" double (Σ q_t(x_t)), "q2_P" double (Σ_t Σ_v q_t(v)²),
+                        "var_P" double (Σ_t Σ_v q_t(v)³ - (Σ_v q_t(v)²)²), "ll_P" double (Σ log q_t(x_t)
+                        over the tokens with q_t(x_t) > 0), q_t the profile's sampler at t on the
+                        recorded prefix (ACCEPTANCE.md, "The recording sampler")
+    recorded_sampling   struct: "source" ("session": its meta.sampling, or the fallback named in
+                        run.json sampling.recorded) and the seven parameters the `recorded` profile used
 """
 
 from __future__ import annotations
@@ -85,6 +109,23 @@ _POSITION_FIELDS = [
 ]
 
 
+FIT_STATISTICS = (("support", pa.int32()), ("q", pa.float64()), ("q2", pa.float64()), ("var", pa.float64()),
+                  ("ll", pa.float64()))
+RECORDED_SAMPLING = pa.struct([("source", pa.string()), ("temperature", pa.float64()), ("top_p", pa.float64()),
+                               ("top_k", pa.int32()), ("min_p", pa.float64()), ("presence_penalty", pa.float64()),
+                               ("frequency_penalty", pa.float64()), ("repetition_penalty", pa.float64())])
+
+
+def fit_type(profiles: list[str]) -> pa.DataType:
+    """One span's recording-sampler sums: tokens, then support/q/q2/var/ll per profile."""
+    return pa.struct([("tokens", pa.int32())] + [(f"{stat}_{p}", t) for p in profiles for stat, t in FIT_STATISTICS])
+
+
+def requests_schema(profiles: list[str]) -> pa.Schema:
+    """requests.parquet's columns (version 2): REQUESTS_SCHEMA's, the fit sums per span, the recorded sampler."""
+    return pa.schema(list(REQUESTS_SCHEMA) + [("fit", pa.list_(fit_type(profiles))), ("recorded_sampling", RECORDED_SAMPLING)])
+
+
 def positions_schema(profiles: list[str]) -> pa.Schema:
     """positions.parquet's columns: the fixed ones, then one float32 p_accept_<profile> per sampling profile."""
     return pa.schema(_POSITION_FIELDS + [(f"p_accept_{p}", pa.float32()) for p in profiles])
@@ -116,18 +157,32 @@ def write_json_atomic(path: Path, data: dict) -> None:
 # Building one session's parts
 
 
-def requests_table(session_id: str, requests) -> pa.Table:
-    """requests: objects with index, input_ids, spans (start, end, turn)."""
-    return pa.table(
-        {
-            "session_id": [session_id] * len(requests),
-            "request": [r.index for r in requests],
-            "input_ids": [list(r.input_ids) for r in requests],
-            "n_tokens": [len(r.input_ids) for r in requests],
-            "spans": [[{"start": s.start, "end": s.end, "turn": s.turn} for s in r.spans] for r in requests],
-        },
-        schema=REQUESTS_SCHEMA,
-    )
+def requests_table(session_id: str, requests, fits: list[dict] | None = None, profiles: list[str] | None = None,
+                   recorded: dict | None = None) -> pa.Table:
+    """requests: objects with index, input_ids, spans (start, end, turn). Without fits: the version-1 columns.
+
+    fits: per request {"tokens": [N], "<stat>_<profile>": [N]} over its N spans; recorded: the
+    recorded_sampling struct of the session (source and parameters).
+    """
+    data = {
+        "session_id": [session_id] * len(requests),
+        "request": [r.index for r in requests],
+        "input_ids": [list(r.input_ids) for r in requests],
+        "n_tokens": [len(r.input_ids) for r in requests],
+        "spans": [[{"start": s.start, "end": s.end, "turn": s.turn} for s in r.spans] for r in requests],
+    }
+    if fits is None:
+        return pa.table(data, schema=REQUESTS_SCHEMA)
+    schema = requests_schema(profiles)
+    names = [f.name for f in fit_type(profiles)]
+    data["fit"] = [[{name: _plain(fit[name][i]) for name in names} for i in range(len(r.spans))] for r, fit in zip(requests, fits)]
+    data["recorded_sampling"] = [recorded] * len(requests)
+    return pa.table(data, schema=schema)
+
+
+def _plain(x):
+    """A numpy scalar as the Python number pyarrow takes."""
+    return x.item() if hasattr(x, "item") else x
 
 
 def positions_table(session_id: str, per_request: list[tuple[int, dict]], profiles: list[str]) -> pa.Table:
@@ -272,4 +327,5 @@ def part_counts(run_dir: Path, name: str) -> dict:
         "scored_tokens": sum(s["end"] - s["start"] + 1 for r in req for s in r["spans"]),
         "anchors": sum(1 for d in pos if d == 1),
         "rows": len(pos),
+        "max_request_tokens": max((r["n_tokens"] for r in req), default=0),
     }

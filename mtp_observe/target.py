@@ -1,14 +1,20 @@
-"""The target: chunked prefill through transformers' Qwen3.5, and the reductions of its logits.
+"""The target: chunked prefill through transformers' Qwen3.5, its serving sampler, and the reductions of its logits.
 
 Contract: `prefill_hidden` runs one request's tokens through the model's own cache in chunks
 and returns the post-final-norm hidden state at every position — the tensor the lm_head
-consumes and the one the MTP head pairs with the next token. Nothing vocabulary-sized is
-kept here; logits are reduced chunk by chunk where rows need them.
+consumes and the one the MTP head pairs with the next token. `sampler_distribution(logits,
+profile, penalty_state)` is the serving sampler as vLLM applies it (penalties, temperature,
+min-p, top-k, top-p; the rules and their sources are listed above `SamplingProfile`), a pure
+function from a chunk of logits [c, V] to the distribution it draws from — what the replay
+scores and what a generator samples from. `reduce_logits` applies the lm_head chunk by chunk
+where rows need it and keeps reductions only: nothing vocabulary-sized is kept here.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -78,74 +84,435 @@ def prefill_hidden(model, input_ids: Tensor, chunk_size: int = 2048) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reductions of the target's logits where rows need them
+# The serving sampler, as vLLM applies it
+#
+# Order and rules, read from vLLM's code (vllm-project/vllm):
+#   vllm/v1/worker/gpu/sample/sampler.py  Sampler.sample: penalties, then temperature, then min-p,
+#                                          then top-k and top-p together (the same order as the v1
+#                                          vllm/v1/sample/sampler.py: penalties in
+#                                          apply_logits_processors, then temperature, the argmax-
+#                                          invariant processors (min-p), then TopKTopPSampler)
+#   vllm/model_executor/layers/utils.py   apply_penalties: repetition over every token of the prompt
+#                                          OR the output (positive logits divided by the penalty,
+#                                          the others multiplied), then frequency (- f * count in the
+#                                          output), then presence (- p * [count > 0]), OpenAI's definition
+#   vllm/_custom_ops.py                    apply_repetition_penalties_torch (the reference of the kernel)
+#   vllm/v1/sample/rejection_sampler.py,   the output tokens at a draft position are the request's
+#   vllm/v1/worker/gpu/sample/penalties.py output so far plus the drafts before it in the same step
+#                                          (_combine_outputs_with_spec_tokens; "base output counts +
+#                                          cumulative draft counts")
+#   vllm/v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p: top-k keeps every logit >= the k-th
+#                                          largest (exact ties at the k-th value are all kept); top-p
+#                                          sorts ascending, drops while the cumulative probability is
+#                                          <= 1 - top_p, always keeps the largest
+#   vllm/v1/worker/gpu/sample/min_p.py     min-p drops logits < max + log(min_p) (probability below
+#                                          min_p times the largest), after the temperature
+#   vllm/v1/sample/sampler.py             temperature < 1e-5 is greedy: the argmax of the penalised logits
+#   vllm/config/model.py                   get_diff_sampling_param: a server's default sampler is the
+#                                          checkpoint's generation_config.json (repetition_penalty,
+#                                          temperature, top_k, top_p, min_p; do_sample is not read)
+#
+# Here a distribution is computed for a chunk of positions and reduced on the spot (the probability
+# of a token, Σ q², Σ q³); nothing vocabulary-sized outlives the chunk. Dividing by a positive
+# temperature keeps the order, so top-k profiles rank the (penalised) logits once and divide only the
+# kept values; min-p's threshold depends only on the largest logit, so it is applied to the kept ones.
+# Exact ties inside the top-p cut are ordered as torch.topk returns them (vLLM's order among exactly
+# equal values is its sort's, likewise unspecified).
+
+_SAMPLING_EPS = 1e-5  # vLLM: a temperature below this samples greedily
+TIE_SLACK = 8  # ranked values kept past top_k, so that logits tied with the k-th are found without a full pass
+PENALTY_SLACK = 32  # raw ranked values kept past that, so the penalised rankings come from it (penalised_ranking)
+SAMPLING_PARAMS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                   "repetition_penalty")  # vLLM SamplingParams names
+NO_PENALTIES = (1.0, 0.0, 0.0)  # (repetition, frequency, presence)
 
 
 @dataclass(frozen=True)
 class SamplingProfile:
-    """A serving sampler: temperature, then top-k, then top-p (vLLM's order and tie rules)."""
+    """A serving sampler: vLLM's penalties, temperature, min-p, top-k and top-p (order and rules above).
+
+    Worked example of the penalties (presence 1.5, frequency 0.5, repetition 2.0): a token generated
+    twice earlier in the turn with logit 3.0 becomes 3.0 / 2 - 0.5 * 2 - 1.5 = -1.0; one seen only in
+    the prompt with logit -1.0 becomes -1.0 * 2 = -2.0 (repetition alone); an unseen one keeps its logit.
+    """
 
     name: str
-    temperature: float
-    top_p: float = 1.0
-    top_k: int = 0  # <= 0: no top-k
+    temperature: float  # < 1e-5: greedy
+    top_p: float = 1.0  # 1: off
+    top_k: int = 0  # <= 0 (vLLM's -1 or 0) or >= vocabulary: off
+    min_p: float = 0.0  # 0: off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1: off
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < _SAMPLING_EPS
+
+    @property
+    def penalties(self) -> tuple[float, float, float]:
+        return (float(self.repetition_penalty), float(self.frequency_penalty), float(self.presence_penalty))
+
+    @property
+    def penalised(self) -> bool:
+        return self.penalties != NO_PENALTIES
+
+    def params(self) -> tuple:
+        """What the distribution depends on (two profiles with equal params are computed once)."""
+        return tuple(float(getattr(self, k)) for k in SAMPLING_PARAMS)
 
     def as_dict(self) -> dict:
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        return {k: getattr(self, k) for k in SAMPLING_PARAMS}
+
+    def renamed(self, name: str) -> "SamplingProfile":
+        return SamplingProfile(name, **self.as_dict())
 
 
+# The Qwen3.5 model card's four recommended samplers (min_p 0, repetition_penalty 1.0 in all four), then greedy.
 BUILTIN_PROFILES = (
-    SamplingProfile("thinking", temperature=0.6, top_p=0.95, top_k=20),  # Qwen3.5's recommended thinking-mode sampler
-    SamplingProfile("instruct", temperature=0.7, top_p=0.8, top_k=20),  # and its non-thinking one
+    SamplingProfile("thinking_general", 1.0, top_p=0.95, top_k=20, presence_penalty=1.5),
+    SamplingProfile("thinking_coding", 0.6, top_p=0.95, top_k=20),
+    SamplingProfile("instruct_general", 0.7, top_p=0.8, top_k=20, presence_penalty=1.5),
+    SamplingProfile("instruct_reasoning", 1.0, top_p=1.0, top_k=40, presence_penalty=2.0),
+    SamplingProfile("greedy", 0.0),
 )
+VLLM_DEFAULTS = SamplingProfile("default", 1.0)  # vLLM SamplingParams() with no generation_config
+
+
+def profile_from_params(name: str, params: dict, base: SamplingProfile) -> SamplingProfile:
+    """A sampler from vLLM SamplingParams-named keys (absent or null keys take `base`'s value).
+
+    Checked as vLLM's SamplingParams checks them; raises ValueError naming the key and its range.
+    Keys outside SAMPLING_PARAMS (seed, max_tokens, n, stop, ...) do not change the distribution and are ignored.
+    """
+    values = base.as_dict()
+    for key in SAMPLING_PARAMS:
+        v = params.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
+            raise ValueError(f"sampling {key} is {v!r}, expected a number")
+        values[key] = v
+    if values["temperature"] < 0:
+        raise ValueError(f"sampling temperature {values['temperature']} < 0")
+    if not 0 < values["top_p"] <= 1:
+        raise ValueError(f"sampling top_p {values['top_p']} is outside (0, 1]")
+    if int(values["top_k"]) != values["top_k"] or values["top_k"] < -1:
+        raise ValueError(f"sampling top_k {values['top_k']} is not -1, 0 or a positive integer")
+    if not 0 <= values["min_p"] <= 1:
+        raise ValueError(f"sampling min_p {values['min_p']} is outside [0, 1]")
+    for key in ("presence_penalty", "frequency_penalty"):
+        if not -2 <= values[key] <= 2:
+            raise ValueError(f"sampling {key} {values[key]} is outside [-2, 2]")
+    if not values["repetition_penalty"] > 0:
+        raise ValueError(f"sampling repetition_penalty {values['repetition_penalty']} must be > 0")
+    values["top_k"] = max(int(values["top_k"]), 0)
+    values = {k: (int(v) if k == "top_k" else float(v)) for k, v in values.items()}
+    return SamplingProfile(name, **values)
+
+
+SPEC_POSITIONS = ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
+
+
+def profile_from_spec(spec: str) -> SamplingProfile:
+    """'NAME=T,TOP_P,TOP_K[,PRESENCE[,FREQUENCY[,REPETITION[,MIN_P]]]]' -> a profile (ValueError when malformed).
+
+    After the first three, a field may also be KEY=VALUE with a vLLM name, in any order:
+    'creative=1.0,0.95,0,min_p=0.05'. Worked example: 'chat=0.7,0.8,20,1.5' is instruct_general.
+    """
+    name, _, values = spec.partition("=")
+    parts = [v.strip() for v in values.split(",")] if values else []
+    if not name or len(parts) < 3:
+        raise ValueError("expected NAME=TEMPERATURE,TOP_P,TOP_K[,PRESENCE[,FREQUENCY[,REPETITION[,MIN_P]]]]")
+    params: dict = {}
+    for i, part in enumerate(parts):
+        key, eq, value = part.partition("=")
+        if eq and i >= 3:
+            if key not in SAMPLING_PARAMS:
+                raise ValueError(f"unknown key {key!r}; the keys are {', '.join(SAMPLING_PARAMS)}")
+        elif not eq and i < len(SPEC_POSITIONS):
+            key, value = SPEC_POSITIONS[i], part
+        else:
+            raise ValueError(f"field {i + 1} ({part!r}) is neither a number in place nor KEY=VALUE")
+        if key in params:
+            raise ValueError(f"{key} is given twice")
+        try:
+            params[key] = int(value) if key == "top_k" else float(value)
+        except ValueError:
+            raise ValueError(f"{key} {value!r} is not a number") from None
+    return profile_from_params(name, params, VLLM_DEFAULTS)
+
+
+def generation_config_profile(model_dir) -> SamplingProfile | None:
+    """The checkpoint's generation_config.json as the sampler vLLM serves by default, or None without one.
+
+    vLLM reads repetition_penalty, temperature, top_k, top_p and min_p from it (config/model.py,
+    get_diff_sampling_param) over its neutral defaults; a file that cannot be read counts as absent.
+    """
+    import json
+    from pathlib import Path
+
+    path = Path(model_dir) / "generation_config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    try:
+        return profile_from_params("generation_config", config, VLLM_DEFAULTS)
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
-class Reductions:
-    """What rows need from the target's logits at position p+k-1, one entry per (anchor, depth) row."""
+class PenaltyState:
+    """What vLLM's penalties read at each of c positions, on the u vocabulary columns that occur at all.
 
-    target_token: Tensor  # [R] int64  argmax: what greedy serving emits at p+k
-    target_logprob: Tensor  # [R] fp32  log-softmax (T=1) at the draft d_k
-    actual_logprob: Tensor  # [R] fp32  log-softmax (T=1) at the recorded x_{p+k}
-    p_accept: dict  # profile name -> [R] fp32  probability the profile's sampler emits d_k
-
-
-def sampler_probability(
-    logits: Tensor, profile: SamplingProfile, rows: Tensor, tokens: Tensor, ranked: tuple[Tensor, Tensor] | None = None
-) -> Tensor:
-    """Probability that `profile`'s sampler emits tokens[r] from logits[rows[r]].
-
-    logits: [c, V] fp32; rows: [R] indices into c; tokens: [R]; ranked: optionally logits.topk(k')
-    for some k' >= top_k (values [c, k'] descending, index [c, k']), shared between profiles. As vLLM
-    samples: divide by the temperature; keep the top_k largest (exactly k; exact ties at the k-th
-    value are broken by index); then top-p on the kept distribution — sorted ascending, drop while
-    the cumulative probability is <= 1 - top_p, always keep the largest; renormalise.
-    Worked example: probabilities (0.5, 0.3, 0.15, 0.05), top_p 0.8: ascending cumsum
-    (0.05, 0.2, 0.5, 1.0) <= 0.2 drops the two smallest; the rest renormalise to (0.625, 0.375).
-    Dividing by a positive temperature keeps the order, so the ranking is taken on the raw logits
-    and only the k kept values are divided (not the whole vocabulary).
+    Repetition reads the prompt and the output; frequency and presence the output: the tokens
+    generated so far in the turn (in serving: the committed ones and the drafts before this one in
+    the same step; on the recorded path those drafts are the recorded tokens).
     """
-    if profile.temperature == 0:
-        return (logits.argmax(-1)[rows] == tokens).float()
-    V = logits.shape[-1]
-    if 0 < profile.top_k < V:
-        if ranked is not None and ranked[0].shape[-1] >= profile.top_k:
-            values, index = ranked[0][:, : profile.top_k], ranked[1][:, : profile.top_k]
-        else:
-            values, index = logits.topk(profile.top_k, dim=-1)  # [c, k], descending
+
+    tokens: Tensor  # [u] int64  vocabulary ids occurring in some row's prompt or output, ascending
+    in_prompt: Tensor  # [c, u] bool  tokens[i] occurs in the row's prompt
+    output_counts: Tensor  # [c, u] int32  occurrences of tokens[i] among the row's output tokens
+
+    @classmethod
+    def from_tokens(cls, prompts, outputs, device=None) -> "PenaltyState":
+        """prompts, outputs: c sequences of token ids each (e.g. one per sequence being generated)."""
+        prompts = [torch.as_tensor(list(p), dtype=torch.long) for p in prompts]
+        outputs = [torch.as_tensor(list(o), dtype=torch.long) for o in outputs]
+        assert len(prompts) == len(outputs), (len(prompts), len(outputs))
+        tokens = torch.unique(torch.cat(prompts + outputs + [torch.empty(0, dtype=torch.long)]))
+        c, u = len(prompts), tokens.shape[0]
+        in_prompt = torch.zeros(c, u, dtype=torch.bool)
+        counts = torch.zeros(c, u, dtype=torch.int32)
+        for i, (p, o) in enumerate(zip(prompts, outputs)):
+            in_prompt[i, torch.searchsorted(tokens, p)] = True
+            counts[i].index_add_(0, torch.searchsorted(tokens, o), torch.ones(o.shape[0], dtype=torch.int32))
+        return cls(tokens.to(device), in_prompt.to(device), counts.to(device))
+
+
+def turn_penalty_state(input_ids: Tensor, starts: Tensor, positions: Tensor, with_prompt: bool) -> PenaltyState:
+    """The penalty state on a recorded request: the row at position j (whose logits emit x_{j+1}) of the
+    turn starting at s has prompt x_0..x_{s-1} and output x_s..x_j (none at j = s-1).
+
+    input_ids: [n]; starts, positions: [c] (s <= j + 1). Linear in the tokens, not in c x turn length:
+    rows of a turn are counted cumulatively (each row adds the tokens since the row before it).
+    Worked example: x = [7, 8, 9, 9], one turn s = 2, rows j = 1, 2, 3: outputs [], [9], [9, 9].
+    """
+    device = input_ids.device
+    c = positions.shape[0]
+    n = input_ids.shape[0]
+    order = torch.argsort(starts * (n + 1) + positions)
+    s, j = starts[order], positions[order]
+    first = torch.ones(c, dtype=torch.bool, device=device)
+    first[1:] = s[1:] != s[:-1]
+    previous = torch.where(first, s - 1, torch.cat([j[:1], j[:-1]]))  # the last position already counted
+    length = (j - previous).clamp(min=0)  # the row adds x_{previous+1} .. x_j
+    row_of = torch.repeat_interleave(torch.arange(c, device=device), length)
+    begin = torch.repeat_interleave(previous + 1, length)
+    offset = torch.arange(row_of.shape[0], device=device) - torch.repeat_interleave(torch.cumsum(length, 0) - length, length)
+    added = input_ids[begin + offset]
+    prompt_ids = input_ids[: int(s.max()) if c and with_prompt else 0]  # every row's prompt is a prefix of this
+    tokens = torch.unique(torch.cat([added, prompt_ids]))
+    u = tokens.shape[0]
+    increments = torch.zeros(c, u, dtype=torch.int32, device=device)
+    increments.index_put_((row_of, torch.searchsorted(tokens, added)), torch.ones_like(added, dtype=torch.int32),
+                          accumulate=True)
+    counts = increments.cumsum(0)
+    group = torch.cumsum(first.long(), 0) - 1
+    starts_at = torch.nonzero(first).squeeze(1)
+    base = torch.where((starts_at > 0)[:, None], counts[(starts_at - 1).clamp(min=0)], torch.zeros_like(counts[:1]))
+    counts = (counts - base[group]).to(torch.int32)
+    if with_prompt and prompt_ids.numel():
+        first_seen = torch.full((u,), n, dtype=torch.long, device=device)
+        first_seen.scatter_reduce_(0, torch.searchsorted(tokens, prompt_ids), torch.arange(prompt_ids.shape[0], device=device),
+                                   "amin")
+        in_prompt = first_seen[None, :] < s[:, None]
     else:
+        in_prompt = torch.zeros(c, u, dtype=torch.bool, device=device)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(c, device=device)
+    return PenaltyState(tokens, in_prompt[inverse], counts[inverse])
+
+
+def penalised_values(values: Tensor, penalties: tuple[float, float, float], state: PenaltyState) -> Tensor:
+    """vLLM's apply_penalties on the state's columns: values [c, u] (the logits at state.tokens) -> [c, u]."""
+    repetition, frequency, presence = penalties
+    counts = state.output_counts
+    if repetition != 1.0:
+        seen = state.in_prompt | (counts > 0)
+        values = values * torch.where(seen, torch.where(values > 0, 1.0 / repetition, repetition), 1.0)  # as vLLM: x * (1/r) or x * r
+    if frequency != 0.0:
+        values = values - frequency * counts.to(values.dtype)
+    if presence != 0.0:
+        values = values - presence * (counts > 0).to(values.dtype)
+    return values
+
+
+@contextmanager
+def penalised(logits: Tensor, penalties: tuple[float, float, float], state: PenaltyState | None):
+    """Within the block, logits [c, V] carry the penalties (written on the state's columns in place and
+    restored on exit: a [c, u] copy instead of a [c, V] one)."""
+    if penalties == NO_PENALTIES:
+        yield logits
+        return
+    assert state is not None, "a penalised sampler needs the penalty state (the prompt and the output so far)"
+    if state.tokens.numel() == 0:
+        yield logits
+        return
+    columns = state.tokens.to(logits.device)
+    saved = logits[:, columns]
+    logits[:, columns] = penalised_values(saved, penalties, state)
+    try:
+        yield logits
+    finally:
+        logits[:, columns] = saved
+
+
+def penalised_ranking(raw: tuple[Tensor, Tensor], logits: Tensor, state: PenaltyState | None, width: int) -> tuple[Tensor, Tensor]:
+    """The top `width` of the penalised logits, from the raw logits' ranking and the penalised columns, with no
+    pass over the vocabulary. raw: the unpenalised logits' topk(m), m >= width; logits: [c, V] carrying the
+    penalties (written on the state's columns); -> (values [c, width] descending, index [c, width]).
+
+    The candidates are the raw top m with the penalised tokens' new values in place of theirs, plus every
+    penalised token. A token among neither is unpenalised and at most the raw m-th value, so wherever that
+    value is below the width-th candidate the candidates' top is the top; other rows (many ranked tokens
+    pushed down at once) are ranked again on the penalised logits.
+    """
+    values, index = raw
+    if state is None or state.tokens.numel() == 0:
+        return values[:, :width], index[:, :width]
+    columns = state.tokens.to(logits.device)
+    c = logits.shape[0]
+    candidate_values = torch.cat([values.masked_fill(torch.isin(index, columns), float("-inf")), logits[:, columns]], 1)
+    candidate_index = torch.cat([index, columns.expand(c, -1)], 1)
+    top, where = candidate_values.topk(width, dim=-1)
+    top_index = candidate_index.gather(1, where)
+    unsure = values[:, -1] >= top[:, -1]  # an unseen token could reach the top
+    if bool(unsure.any()):
+        rows = torch.nonzero(unsure).squeeze(1)
+        again = logits[rows].topk(width, dim=-1)
+        top, top_index = top.clone(), top_index.clone()
+        top[rows], top_index[rows] = again
+    return top, top_index
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """A sampler's distribution over the vocabulary at c positions, held as its possibly non-zero part.
+
+    Token index[r, i] has probability probs[r, i]; every other token has 0. index None: the columns
+    are the whole vocabulary in order. `dense` gives the [c, V] probabilities.
+    """
+
+    probs: Tensor  # [c, m] fp32
+    index: Tensor | None  # [c, m] int64 vocabulary ids, or None (m == V)
+
+    def at(self, rows: Tensor, tokens: Tensor) -> Tensor:
+        """rows, tokens: [R] -> [R] the probability of tokens[r] at position rows[r]."""
+        if self.index is None:
+            return self.probs[rows, tokens]
+        return (self.probs[rows] * (self.index[rows] == tokens[:, None])).sum(-1)
+
+    def power_sum(self, power: int) -> Tensor:
+        """[c] Σ_v q(v)^power (2: the chance two samples agree, E[q(X)] for X ~ q)."""
+        return self.probs.pow(power).sum(-1)
+
+    def dense(self, vocab_size: int) -> Tensor:
+        if self.index is None:
+            return self.probs
+        return torch.zeros(self.probs.shape[0], vocab_size, dtype=self.probs.dtype, device=self.probs.device).scatter_add_(
+            -1, self.index, self.probs)
+
+
+def sampler_distribution(logits: Tensor, profile: SamplingProfile, state: PenaltyState | None = None,
+                         ranked: tuple[Tensor, Tensor] | None = None) -> Distribution:
+    """The distribution `profile`'s sampler draws from, at each of c positions. logits: [c, V] fp32 (left as
+    given); state: the penalty state of the c positions (needed when the profile has penalties); ranked:
+    optionally the (penalised) logits' topk(k') for some k' >= top_k + TIE_SLACK, shared between profiles.
+
+    Worked example (top_k 4, top_p 0.8): probabilities (0.5, 0.3, 0.15, 0.05) ascending cumsum
+    (0.05, 0.2, 0.5, 1.0) <= 0.2 drops the two smallest; the rest renormalise to (0.625, 0.375).
+    With logits (2, 1, 1, 0) and top_k 2 the two tied at 1 are both kept (vLLM keeps ties).
+    """
+    with penalised(logits, profile.penalties, state) as penalised_logits:
+        return _distribution(penalised_logits, profile, ranked)
+
+
+def _distribution(logits: Tensor, profile: SamplingProfile, ranked: tuple[Tensor, Tensor] | None) -> Distribution:
+    """sampler_distribution on logits that already carry the profile's penalties."""
+    c, V = logits.shape
+    if profile.is_greedy:
+        return Distribution(torch.ones(c, 1, dtype=torch.float32, device=logits.device), logits.argmax(-1, keepdim=True))
+    k = profile.top_k if 0 < profile.top_k < V else 0
+    if k:
+        width = min(k + TIE_SLACK, V)
+        if ranked is None or ranked[0].shape[-1] < width:
+            ranked = logits.topk(width, dim=-1)
+        values, index = ranked
+        kth = values[:, k - 1 : k]
+        kept = (values >= kth).sum(-1)  # [c] k plus the ties at the k-th value that the ranking holds
+        if bool((kept == values.shape[-1]).any()) and values.shape[-1] < V:  # ties run past the slack: count them all
+            kept = (logits >= kth).sum(-1)
+            values, index = logits.topk(int(kept.max()), dim=-1)
+        m = int(kept.max())
+        values, index = values[:, :m], index[:, :m]
+        values = values.masked_fill(torch.arange(m, device=logits.device)[None, :] >= kept[:, None], float("-inf"))
+    elif profile.top_p < 1.0 or profile.min_p > 0.0:
         values, index = logits.sort(dim=-1, descending=True)
+    else:
+        values, index = logits, None
     values = values / profile.temperature
+    if profile.min_p > 0.0:
+        largest = values[:, :1] if index is not None else values.max(-1, keepdim=True).values
+        values = values.masked_fill(values < largest + math.log(profile.min_p), float("-inf"))
     if profile.top_p < 1.0:
         ascending = torch.softmax(values, dim=-1).flip(-1)
         drop = ascending.cumsum(-1) <= 1 - profile.top_p
         drop[..., -1] = False
         values = values.masked_fill(drop.flip(-1), float("-inf"))
-    probs = torch.softmax(values, dim=-1)
-    if index.shape[-1] < V:
-        hit = index[rows] == tokens[:, None]  # [R, k]
-        return (probs[rows] * hit).sum(-1)
-    return torch.zeros_like(probs).scatter_(-1, index, probs)[rows, tokens]
+    return Distribution(torch.softmax(values, dim=-1), index)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reductions of the target's logits where rows need them
+
+
+@dataclass(frozen=True)
+class Turns:
+    """A request's scored spans [s, e], which the penalties read (prompt, output so far) and the fit sums cover."""
+
+    input_ids: Tensor  # [n] int64
+    starts: Tensor  # [N] int64  s
+    ends: Tensor  # [N] int64  e (inclusive)
+
+
+@dataclass(frozen=True)
+class FitSums:
+    """Recording-sampler sums of one profile per span, over its scored tokens x_t (t = s..e, t >= 1),
+    q_t the profile's distribution at t given the recorded prefix (ACCEPTANCE.md, "The recording sampler")."""
+
+    support: Tensor  # [N] int64  tokens with q_t(x_t) > 0
+    q: Tensor  # [N] fp64  Σ_t q_t(x_t)
+    q2: Tensor  # [N] fp64  Σ_t Σ_v q_t(v)^2
+    var: Tensor  # [N] fp64  Σ_t (Σ_v q_t(v)^3 - (Σ_v q_t(v)^2)^2): the variance of Σ_t q_t(x_t) under own sampling
+    ll: Tensor  # [N] fp64  Σ_t log q_t(x_t) over the tokens with q_t(x_t) > 0 (the log-likelihood on the support)
+
+
+@dataclass(frozen=True)
+class Reductions:
+    """What rows need from the target's logits at position p+k-1, one entry per (anchor, depth) row,
+    and the recording-sampler sums per span."""
+
+    target_token: Tensor  # [R] int64  argmax: what greedy serving emits at p+k
+    target_logprob: Tensor  # [R] fp32  log-softmax (T=1) at the draft d_k
+    actual_logprob: Tensor  # [R] fp32  log-softmax (T=1) at the recorded x_{p+k}
+    p_accept: dict  # profile name -> [R] fp32  probability the profile's sampler emits d_k
+    fit_tokens: Tensor | None = None  # [N] int64  scored tokens each span's fit sums cover (None without turns)
+    fit: dict | None = None  # profile name -> FitSums over the spans of `turns`
 
 
 @torch.no_grad()
@@ -157,11 +524,16 @@ def reduce_logits(
     actuals: Tensor,
     profiles: tuple[SamplingProfile, ...],
     budget: int = 1 << 26,
+    turns: Turns | None = None,
 ) -> Reductions:
-    """Apply the lm_head at the rows' positions only, in chunks, keeping reductions and nothing vocabulary-sized.
+    """Apply the lm_head at the positions rows need, in chunks, keeping reductions and nothing vocabulary-sized.
 
     lm_head: [V, H]; hidden: [n, H] post-norm; positions, drafts, actuals: [R] (position p+k-1,
-    draft d_k, recorded x_{p+k}). Each distinct position's logits are computed once.
+    draft d_k, recorded x_{p+k}). Each distinct position's logits are computed once. With `turns`
+    (a request's spans) the penalties read each position's prompt and output, and every position
+    s-1..e-1 of every span is reduced as well, to the fit sums of each profile (the probability of the
+    recorded next token and its log, Σ q², Σ q³); p_accept is computed on the recorded path (its drafts there
+    are the recorded tokens, which is what the penalties of a step count).
     """
     device = lm_head.device  # under a device map, the last device; the hidden rows are moved to it
     R = positions.shape[0]
@@ -171,25 +543,78 @@ def reduce_logits(
     out_target = torch.empty(R, dtype=torch.float32, device=device)
     out_actual = torch.empty(R, dtype=torch.float32, device=device)
     out_p = {p.name: torch.empty(R, dtype=torch.float32, device=device) for p in profiles}
-    if R == 0:
-        return Reductions(out_token, out_target, out_actual, out_p)
-    unique, inverse = torch.unique(positions, return_inverse=True)  # unique ascending
+    assert turns is not None or not any(p.penalised for p in profiles), "penalties need the turns (prompt, output so far)"
+
+    # 1. The positions: every row's, and with turns every s-1..e-1 (the fit sums), each with its span.
+    fit_positions = span_of = None
+    if turns is not None:
+        ids = turns.input_ids.to(device)
+        starts, ends = turns.starts.to(device), turns.ends.to(device)
+        lo = (starts - 1).clamp(min=0)
+        counts = (ends - lo).clamp(min=0)
+        fit_positions = torch.repeat_interleave(lo, counts) + torch.arange(int(counts.sum()), device=device) - \
+            torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    all_positions = positions if fit_positions is None else torch.cat([positions, fit_positions])
+    if all_positions.shape[0] == 0:
+        return _empty_reductions(out_token, out_target, out_actual, out_p, profiles, turns, device)
+    unique, inverse = torch.unique(all_positions, return_inverse=True)  # unique ascending
+    inverse = inverse[:R]
+    if turns is not None:
+        span_of = torch.searchsorted(lo, unique, right=True) - 1  # [U] the span whose tokens each position predicts
+        assert bool((span_of >= 0).all()) and bool((unique < ends[span_of]).all()), "a row position lies outside every span"
+        fit = {p.name: [torch.zeros(starts.shape[0], dtype=torch.float64, device=device) for _ in range(5)] for p in profiles}
     order = torch.argsort(inverse, stable=True)
     sorted_inverse = inverse[order]
-    full_sort = any(not (0 < p.top_k < V) and p.temperature != 0 for p in profiles)
-    chunk = max(1, budget // (V * (3 if full_sort else 1)))
-    top_k = max((p.top_k for p in profiles if p.temperature != 0 and 0 < p.top_k < V), default=0)
+
+    # 2. Which profiles share work: equal parameters are computed once; a ranking per set of penalties.
+    distinct: dict[tuple, SamplingProfile] = {}
+    for p in profiles:
+        distinct.setdefault(p.params(), p)
+    groups: dict[tuple, list[SamplingProfile]] = {}
+    for p in distinct.values():
+        groups.setdefault(p.penalties, []).append(p)
+    with_prompt = any(p.penalties[0] != 1.0 for p in distinct.values())
+    any_penalties = any(p.penalised for p in distinct.values())
+    full_sort = any(not (0 < p.top_k < V) and not p.is_greedy and (p.top_p < 1 or p.min_p > 0) for p in distinct.values())
+    chunk = max(1, budget // (V * ((3 if full_sort else 1) + (1 if any_penalties else 0))))
+    top_k_all = max((p.top_k for p in distinct.values() if not p.is_greedy and 0 < p.top_k < V), default=0)
     for c0 in range(0, unique.shape[0], chunk):
         c1 = min(unique.shape[0], c0 + chunk)
-        lo, hi = torch.searchsorted(sorted_inverse, torch.tensor([c0, c1], device=device)).tolist()
-        sel = order[lo:hi]  # rows whose position is in this chunk
+        lo_r, hi_r = torch.searchsorted(sorted_inverse, torch.tensor([c0, c1], device=device)).tolist()
+        sel = order[lo_r:hi_r]  # rows whose position is in this chunk
         local = inverse[sel] - c0
-        logits = F.linear(hidden[unique[c0:c1]].to(lm_head.device), lm_head).float()  # [c, V]: the only vocabulary-sized tensor
+        here = unique[c0:c1]
+        logits = F.linear(hidden[here].to(lm_head.device), lm_head).float()  # [c, V]: the only vocabulary-sized tensor
         token = logits.argmax(-1)
         out_token[sel] = token[local]
-        ranked = logits.topk(top_k, dim=-1) if top_k else None  # one ranking for every top-k profile
-        for p in profiles:
-            out_p[p.name][sel] = sampler_probability(logits, p, local, drafts[sel], ranked)
+        state = None
+        if turns is not None:
+            spans_here = span_of[c0:c1]
+            next_token = ids[here + 1]
+            if any_penalties:
+                state = turn_penalty_state(ids, starts[spans_here], here, with_prompt)
+        every = torch.arange(c1 - c0, device=device)
+        raw = logits.topk(min(top_k_all + TIE_SLACK + (PENALTY_SLACK if any_penalties else 0), V), dim=-1) if top_k_all else None
+        for penalties, members in groups.items():  # one ranking of the raw logits for every set of penalties
+            with penalised(logits, penalties, state):
+                top_k = max((p.top_k for p in members if not p.is_greedy and 0 < p.top_k < V), default=0)
+                ranked = penalised_ranking(raw, logits, state if penalties != NO_PENALTIES else None,
+                                           min(top_k + TIE_SLACK, V)) if top_k else None
+                for p in members:
+                    if p.is_greedy and penalties == NO_PENALTIES:
+                        dist = Distribution(torch.ones(c1 - c0, 1, device=device), token[:, None])
+                    else:
+                        dist = _distribution(logits, p, ranked)
+                    out_p[p.name][sel] = dist.at(local, drafts[sel])
+                    if turns is not None:
+                        q_next = dist.at(every, next_token).double()
+                        q2, q3 = dist.power_sum(2).double(), dist.power_sum(3).double()
+                        sums = fit[p.name]
+                        sums[0].index_add_(0, spans_here, (q_next > 0).double())
+                        sums[1].index_add_(0, spans_here, q_next)
+                        sums[2].index_add_(0, spans_here, q2)
+                        sums[3].index_add_(0, spans_here, q3 - q2 * q2)
+                        sums[4].index_add_(0, spans_here, torch.where(q_next > 0, q_next, 1.0).log())
         rowmax = logits.gather(1, token[:, None]).squeeze(1)
         draft_logit, actual_logit = logits[local, drafts[sel]] - rowmax[local], logits[local, actuals[sel]] - rowmax[local]
         # log Σ exp(logit - max), in place: logsumexp without another pass for the maxima or another [c, V] buffer
@@ -197,4 +622,23 @@ def reduce_logits(
         out_target[sel] = draft_logit - lse[local]
         out_actual[sel] = actual_logit - lse[local]
         del logits
-    return Reductions(out_token, out_target, out_actual, out_p)
+    for p in profiles:  # profiles equal to an earlier one share its results
+        first = distinct[p.params()]
+        if first.name != p.name:
+            out_p[p.name] = out_p[first.name]
+            if turns is not None:
+                fit[p.name] = fit[first.name]
+    if turns is None:
+        return Reductions(out_token, out_target, out_actual, out_p)
+    fit_sums = {p.name: FitSums(fit[p.name][0].round().long(), *fit[p.name][1:]) for p in profiles}
+    return Reductions(out_token, out_target, out_actual, out_p, fit_tokens=counts.long(), fit=fit_sums)
+
+
+def _empty_reductions(out_token, out_target, out_actual, out_p, profiles, turns, device) -> Reductions:
+    if turns is None:
+        return Reductions(out_token, out_target, out_actual, out_p)
+    N = turns.starts.shape[0]
+    zero = torch.zeros(N, dtype=torch.float64, device=device)
+    fit = {p.name: FitSums(torch.zeros(N, dtype=torch.long, device=device), zero, zero, zero, zero) for p in profiles}
+    return Reductions(out_token, out_target, out_actual, out_p, fit_tokens=torch.zeros(N, dtype=torch.long, device=device),
+                      fit=fit)

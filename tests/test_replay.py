@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from mtp_observe.pipeline import ReplayOptions, replay
-from mtp_observe.tables import REQUESTS_SCHEMA, positions_schema
-from mtp_observe.target import BUILTIN_PROFILES, SamplingProfile, reduce_logits, sampler_probability
+from mtp_observe.tables import positions_schema, requests_schema
+from mtp_observe.target import BUILTIN_PROFILES, SamplingProfile, Turns, reduce_logits, sampler_distribution
 
 from .reference_head import ReferenceHead
 
@@ -91,62 +91,56 @@ def test_every_row_equals_a_plain_recomputation_from_scratch(tiny_checkpoint, ti
     assert checked == len(rows) > 100
 
 
-def test_the_sampler_probability_follows_vllm_top_k_then_top_p_on_a_worked_example():
+def test_the_sampler_follows_vllm_top_k_then_top_p_on_a_worked_example():
     # probabilities 0.5, 0.3, 0.15, 0.05 (plus a tail cut by top_k=4)
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05, 1e-9]]))
-    rows = torch.zeros(5, dtype=torch.long)
-    tokens = torch.arange(5)
-    p = sampler_probability(logits, SamplingProfile("x", 1.0, top_p=0.8, top_k=4), rows, tokens)
-    assert torch.allclose(p, torch.tensor([0.625, 0.375, 0.0, 0.0, 0.0]), atol=1e-6)
-    p = sampler_probability(logits, SamplingProfile("x", 1.0, top_p=1.0, top_k=2), rows, tokens)
-    assert torch.allclose(p, torch.tensor([0.625, 0.375, 0.0, 0.0, 0.0]), atol=1e-6)
-    p = sampler_probability(logits, SamplingProfile("x", 1.0, top_p=1.0, top_k=0), rows, tokens)
-    assert torch.allclose(p, torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0]), atol=1e-6)
-    p = sampler_probability(logits, SamplingProfile("x", 0.0), rows, tokens)
-    assert p.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+
+    def probs(profile):
+        return sampler_distribution(logits, profile).dense(5)[0]
+
+    assert torch.allclose(probs(SamplingProfile("x", 1.0, top_p=0.8, top_k=4)), torch.tensor([0.625, 0.375, 0.0, 0.0, 0.0]), atol=1e-6)
+    assert torch.allclose(probs(SamplingProfile("x", 1.0, top_p=1.0, top_k=2)), torch.tensor([0.625, 0.375, 0.0, 0.0, 0.0]), atol=1e-6)
+    assert torch.allclose(probs(SamplingProfile("x", 1.0, top_p=1.0, top_k=0)), torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0]), atol=1e-6)
+    assert probs(SamplingProfile("x", 0.0)).tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
 
 
-def brute_force_sampler(logits_row: torch.Tensor, profile: SamplingProfile) -> torch.Tensor:
-    """vLLM's apply_top_k_top_p written out over the whole vocabulary (ascending sort, masks), then softmax."""
-    x = logits_row.double() / profile.temperature
-    srt, idx = x.sort()
-    if 0 < profile.top_k < len(x):
-        srt = srt.masked_fill(srt < srt[len(x) - profile.top_k], float("-inf"))
-    if profile.top_p < 1:
-        cum = torch.softmax(srt, -1).cumsum(-1)
-        drop = cum <= 1 - profile.top_p
-        drop[-1] = False
-        srt = srt.masked_fill(drop, float("-inf"))
-    probs = torch.zeros_like(x)
-    probs[idx] = torch.softmax(srt, -1)
-    return probs
+def test_reduce_logits_equals_vllms_sampler_on_every_profile_and_chunking(tiny_model):
+    from .test_sampler import vllm_sampler
 
-
-def test_reduce_logits_equals_brute_force_on_every_profile_and_chunking(tiny_model):
     gen = torch.Generator().manual_seed(3)
-    hidden = torch.randn(40, tiny_model.info.geometry.hidden_size, generator=gen) * 3
+    n = 60
+    hidden = torch.randn(n, tiny_model.info.geometry.hidden_size, generator=gen) * 3
     W = tiny_model.target.lm_head.weight
-    positions = torch.randint(0, 40, (120,), generator=gen)
-    drafts = torch.randint(0, W.shape[0], (120,), generator=gen)
-    drafts[::3] = (hidden[positions[::3]] @ W.T).argmax(-1)  # some drafts are the argmax: non-zero probabilities
-    actuals = torch.randint(0, W.shape[0], (120,), generator=gen)
-    # "narrow" takes its top 5 from the ranking shared with the top-20 profiles
-    profiles = BUILTIN_PROFILES + (SamplingProfile("full", 1.3, 0.9, 0), SamplingProfile("greedy", 0.0), SamplingProfile("narrow", 0.9, 0.7, 5))
-    small = reduce_logits(W, hidden, positions, drafts, actuals, profiles, budget=W.shape[0] * 7)  # 7 rows a chunk
-    whole = reduce_logits(W, hidden, positions, drafts, actuals, profiles)
+    ids = torch.randint(0, W.shape[0], (n,), generator=gen)
+    ids[20:40] = ids[20:30].repeat(2)  # repeated tokens inside a turn: the penalties bite
+    turns = Turns(ids, torch.tensor([12, 45]), torch.tensor([40, 58]))  # two spans [12, 40], [45, 58]
+    positions = torch.cat([torch.randint(12, 40, (80,), generator=gen), torch.randint(45, 58, (40,), generator=gen)])
     logits = (hidden @ W.T).float()
+    drafts = torch.randint(0, W.shape[0], (120,), generator=gen)
+    drafts[::3] = logits.argmax(-1)[positions[::3]]  # some drafts are the argmax: non-zero probabilities
+    actuals = torch.randint(0, W.shape[0], (120,), generator=gen)
+    # "narrow" takes its top 5 from the ranking shared with the top-20 profiles; "copy" equals thinking_coding
+    profiles = BUILTIN_PROFILES + (SamplingProfile("full", 1.3, 0.9, 0), SamplingProfile("narrow", 0.9, 0.7, 5),
+                                   SamplingProfile("rep", 0.8, 0.9, 30, repetition_penalty=1.3, frequency_penalty=0.4),
+                                   SamplingProfile("copy", 0.6, 0.95, 20))
+    small = reduce_logits(W, hidden, positions, drafts, actuals, profiles, budget=W.shape[0] * 7, turns=turns)  # 7 rows a chunk
+    whole = reduce_logits(W, hidden, positions, drafts, actuals, profiles, turns=turns)
     lp = torch.log_softmax(logits, -1)
+    start = torch.where(positions < 45, 12, 45)
     for red in (small, whole):
         assert torch.equal(red.target_token, logits.argmax(-1)[positions])
         assert torch.allclose(red.target_logprob, lp[positions, drafts], atol=1e-5)
         assert torch.allclose(red.actual_logprob, lp[positions, actuals], atol=1e-5)
         for prof in profiles:
-            if prof.temperature == 0:
-                want = (logits.argmax(-1)[positions] == drafts).float()
-            else:
-                want = torch.stack([brute_force_sampler(logits[q], prof)[d] for q, d in zip(positions, drafts)]).float()
+            want = torch.stack([vllm_sampler(logits[q], prof, ids[:s].tolist(), ids[s : q + 1].tolist())[d]
+                                for q, s, d in zip(positions.tolist(), start.tolist(), drafts.tolist())]).float()
             assert torch.allclose(red.p_accept[prof.name], want, atol=1e-5), prof.name
-    assert float(whole.p_accept["thinking"].max()) > 0.1
+        assert red.fit_tokens.tolist() == [40 - 12 + 1, 58 - 45 + 1]
+        for prof in profiles:
+            for a, b in zip(vars(red.fit[prof.name]).values(), vars(whole.fit[prof.name]).values()):
+                assert torch.allclose(a.double(), b.double(), atol=1e-6), prof.name
+    assert float(whole.p_accept["thinking_coding"].max()) > 0.1
+    assert torch.equal(whole.p_accept["copy"], whole.p_accept["thinking_coding"])
 
 
 # --- equivalences -----------------------------------------------------------------------------
@@ -172,8 +166,9 @@ def test_the_files_have_exactly_the_contract_columns_and_types(tiny_checkpoint, 
                  ReplayOptions(k=2, device="cpu", profiles=BUILTIN_PROFILES + (SamplingProfile("hot", 1.2, 0.9, 50),)))
     positions = pq.read_table(run / "positions.parquet")
     requests = pq.read_table(run / "requests.parquet")
-    assert positions.schema.remove_metadata() == positions_schema(["thinking", "instruct", "hot"])
-    assert requests.schema.remove_metadata() == REQUESTS_SCHEMA
+    names = [p.name for p in BUILTIN_PROFILES] + ["hot", "recorded"]
+    assert positions.schema.remove_metadata() == positions_schema(names)
+    assert requests.schema.remove_metadata() == requests_schema(names)
     assert positions.schema.field("segment").type == pa.dictionary(pa.int8(), pa.string())
     df = positions.to_pandas()
     assert df.equals(df.sort_values(["request", "pos", "depth"], kind="stable").sort_index())  # within a session
@@ -181,13 +176,21 @@ def test_the_files_have_exactly_the_contract_columns_and_types(tiny_checkpoint, 
     manifest = json.loads((run / "run.json").read_text())
     assert manifest["schema_version"] == 2 and manifest["status"] == "complete"
     for key in ("tool", "created", "finished", "model", "tokenizer_sha256", "k", "dtype", "device", "sampling",
-                "inputs", "options", "counts", "versions", "errors", "rendering"):
+                "recorded_with", "inputs", "options", "counts", "versions", "errors", "rendering"):
         assert key in manifest, key
+    assert manifest["model"]["max_position_embeddings"] == 262144 and manifest["model"]["rope_scaling"] is None
+    assert manifest["sampling"]["recorded"]["per_session"] is True
+    assert manifest["counts"]["max_request_tokens"] == int(requests.column("n_tokens").to_numpy().max())
+    fit = requests.column("fit").to_pylist()
+    assert [len(f) for f in fit] == [len(s) for s in requests.column("spans").to_pylist()]
+    assert all(f["tokens"] == sp["end"] - sp["start"] + 1 for fs, sps in zip(fit, requests.column("spans").to_pylist())
+               for f, sp in zip(fs, sps))
+    assert {r["source"] for r in requests.column("recorded_sampling").to_pylist()} == {"fallback"}
     assert manifest["model"]["config_sha256"] and len(manifest["model"]["head_tensors"]) == 15
     assert manifest["inputs"][0]["sessions"] == 2 and len(manifest["inputs"][0]["sha256"]) == 64
     assert manifest["counts"]["rows"] == len(df) and manifest["counts"]["sessions_ok"] == 2
     assert manifest["counts"]["anchors"] == int((df.depth == 1).sum())
-    assert set(manifest["sampling"]) == {"thinking", "instruct", "hot"}
+    assert set(manifest["sampling"]) == set(names)
 
 
 def test_two_runs_of_the_same_input_give_identical_parquet(tiny_checkpoint, tmp_path):
@@ -304,6 +307,11 @@ def test_on_error_skip_records_the_skipped_session_and_its_reason_in_run_json(ti
 @pytest.mark.parametrize("args, needle", [
     (["--k", "0"], "--k 0"),
     (["--sampling", "bad"], "--sampling bad"),
+    (["--sampling", "x=1,0.9"], "--sampling x=1,0.9"),
+    (["--sampling", "x=1,0.9,20,mystery=2"], "unknown key 'mystery'"),
+    (["--sampling", "x=1,1.5,20"], "top_p 1.5 is outside (0, 1]"),
+    (["--sampling", "recorded=1,1,0"], "'recorded' is the profile of each session's own sampler"),
+    (["--recorded-with", "nobody"], "--recorded-with nobody: no such profile"),
     (["--device", "tpu"], "--device tpu"),
     (["--dtype", "int8"], "--dtype int8"),
     (["--max-sessions", "0"], "--max-sessions 0"),
@@ -312,6 +320,56 @@ def test_bad_options_are_one_line_and_exit_2(tiny_checkpoint, tmp_path, args, ne
     path = write_sessions(tmp_path / "s.jsonl", [SESSION])
     r = run_cli("replay", path, "--model", tiny_checkpoint, "--out", tmp_path / "run", *args)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_sessions_own_meta_sampling_scores_its_recorded_profile_and_the_others_use_the_declared_one(tiny_checkpoint, tmp_path):
+    own = dict(SESSION, id="own", meta={"sampling": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "presence_penalty": 1.5,
+                                                     "seed": 7, "max_tokens": 512, "min_p": None}})
+    path = write_sessions(tmp_path / "s.jsonl", [own, dict(SESSION, id="plain")])
+    run = replay([path], tiny_checkpoint, tmp_path / "run", ReplayOptions(k=2, device="cpu", recorded_with="thinking_coding"))
+    manifest = json.loads((run / "run.json").read_text())
+    assert manifest["recorded_with"] == "thinking_coding" and manifest["sampling"]["recorded"]["fallback"] == "thinking_coding"
+    rows = pd.read_parquet(run / "positions.parquet")
+    mine, other = rows[rows.session_id == "own"], rows[rows.session_id == "plain"]
+    assert (mine.p_accept_recorded == mine.p_accept_instruct_general).all()  # its own sampler is the card's instruct_general
+    assert (other.p_accept_recorded == other.p_accept_thinking_coding).all()  # the declared one
+    assert (mine.p_accept_recorded != mine.p_accept_thinking_coding).any()
+    requests = pd.read_parquet(run / "requests.parquet")
+    sampling = {r.session_id: r.recorded_sampling for r in requests.itertuples()}
+    assert sampling["own"]["source"] == "session" and sampling["own"]["presence_penalty"] == 1.5
+    assert sampling["plain"]["source"] == "fallback" and sampling["plain"]["temperature"] == 0.6
+    fit = requests[requests.session_id == "own"].fit.iloc[0][0]
+    assert fit["q_recorded"] == fit["q_instruct_general"] and fit["support_recorded"] == fit["support_instruct_general"]
+    from mtp_observe.report import load_run
+
+    loaded = load_run(run)
+    assert loaded.own_sampler.tolist() == [True, False]
+
+
+def test_a_malformed_meta_sampling_is_one_line_naming_the_session_or_skipped(tiny_checkpoint, tmp_path):
+    bad = dict(SESSION, id="hot", meta={"sampling": {"temperature": -1}})
+    path = write_sessions(tmp_path / "s.jsonl", [bad, dict(SESSION, id="fine")])
+    r = run_cli("replay", path, "--model", tiny_checkpoint, "--device", "cpu", "--k", "1", "--out", tmp_path / "run")
+    assert r.returncode == 2 and "session hot" in r.stderr and "meta.sampling temperature -1 < 0" in r.stderr
+    r = run_cli("replay", path, "--model", tiny_checkpoint, "--device", "cpu", "--k", "1", "--out", tmp_path / "skip",
+                "--on-error", "skip")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "skip" / "run.json").read_text())["counts"]["sessions_skipped"] == 1
+
+
+def test_recorded_with_a_new_sampler_defines_it_and_stores_it_in_run_json(tiny_checkpoint, tmp_path):
+    path = write_sessions(tmp_path / "s.jsonl", [SESSION])
+    r = run_cli("replay", path, "--model", tiny_checkpoint, "--device", "cpu", "--k", "1", "--out", tmp_path / "run",
+                "--recorded-with", "mine=0.9,0.9,10,1.0", "--sampling", "greedy=0,1,0,repetition_penalty=1.2")
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert manifest["recorded_with"] == "mine"
+    assert manifest["sampling"]["mine"] == {"temperature": 0.9, "top_p": 0.9, "top_k": 10, "min_p": 0.0,
+                                            "presence_penalty": 1.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+    assert manifest["sampling"]["greedy"]["repetition_penalty"] == 1.2  # a built-in name is replaced
+    assert list(manifest["sampling"])[:4] == ["thinking_general", "thinking_coding", "instruct_general", "instruct_reasoning"]
+    report = run_cli("report", tmp_path / "run", "--format", "json")
+    assert json.loads(report.stdout)["recorded_with"]["declared"] == "replay"
 
 
 # --- memory -----------------------------------------------------------------------------------
@@ -402,13 +460,14 @@ def test_requests_that_share_a_prefix_give_the_same_rows_as_each_replayed_from_s
     requests = Renderer.from_model_dir(tiny_checkpoint).render(session).requests
     assert len(requests) == 2 and requests[0].input_ids[:50] == requests[1].input_ids[:50]
     shared = shared_prefix(requests[0].input_ids, requests[1].input_ids)
-    _, carry = replay_request(tiny_model, requests[0], 3, BUILTIN_PROFILES, chunk_size=37, keep_at=shared)
+    _, _, carry = replay_request(tiny_model, requests[0], 3, BUILTIN_PROFILES, chunk_size=37, keep_at=shared)
     assert carry is not None and carry.length == shared > 50  # the second request starts after the first's prompt
     reused = replay_session(tiny_model, requests, 3, BUILTIN_PROFILES, chunk_size=37)
-    for (index, columns), request in zip(reused, requests):
-        alone, _ = replay_request(tiny_model, request, 3, BUILTIN_PROFILES, chunk_size=37)
-        for name, values in alone.items():
+    for result, request in zip(reused, requests):
+        alone, fit, _ = replay_request(tiny_model, request, 3, BUILTIN_PROFILES, chunk_size=37)
+        for name, values in list(alone.items()) + list(fit.items()):
+            got = result.columns[name] if name in result.columns else result.fit[name]
             if values.dtype.kind == "f":
-                assert abs(values - columns[name]).max() < 1e-4, name
+                assert abs(values - got).max() < 1e-4, name
             else:
-                assert (values == columns[name]).all(), name
+                assert (values == got).all(), name

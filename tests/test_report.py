@@ -87,15 +87,25 @@ def test_every_overall_metric_equals_the_hand_computation(hand_run):
     #   K=2: A 2->5 (a=2: 3 tokens), 5->8 (a=2, e-p = 3: the bonus token is x_8 itself): 2 steps;
     #        B r0 1->3: 1; B r1 4->5, 5->7 (a=2 but e-p = 2: 2 tokens, no bonus past the end): 2.  5 steps.
     assert v.tau_sim == pytest.approx([11 / 7, 11 / 5])
-    # thinking: on-path rows carry 0.5 if matched, 0.1 if not (off-path rows carry 0.99 and must not count).
-    #   ᾱ_1 = (7 * 0.5 + 4 * 0.1) / 11 = 3.9 / 11;  depth 2 on path: A p2 (hit), p5 (hit), p6 (miss),
-    #   B r0 p1 (miss), r1 p5 (hit): ᾱ_2 = (3 * 0.5 + 2 * 0.1) / 5 = 0.34.
-    # instruct: 1 if matched else 0: ᾱ_1 = 7/11, ᾱ_2 = 3/5.
-    a1 = 3.9 / 11
-    assert v.tau_profile[0] == pytest.approx([1 + a1, 1 + a1 + a1 * 0.34])
-    assert v.tau_profile[1] == pytest.approx([1 + 7 / 11, 1 + 7 / 11 + (7 / 11) * (3 / 5)])
+    # What-if under thinking (on-path rows carry 0.5 if matched, 0.1 if not; off-path rows 0.99, which must not
+    # count: past an unmatched draft the run's mean on-path rate at that depth stands in, ᾱ_2 = (3 * 0.5 + 2 * 0.1)
+    # / 5 = 0.34). Expected steps E[p] = 1 + Σ_a P(L = a) E[next], walked back from each turn's end:
+    #   K=1, acceptance a_1: A (0.5, 0.1, 0.1, 0.5, 0.5, 0.5 at p = 2..7): E7 = 1, E6 = 1.5, E5 = 2.25,
+    #        E4 = 1 + 0.9 * 2.25 + 0.1 * 1.5 = 3.175, E3 = 1 + 0.9 * 3.175 + 0.1 * 2.25 = 4.0825, E2 = 4.62875;
+    #        B r0 (0.5, 0.1): E1 = 1.5;  B r1 (0.1, 0.5, 0.5): E6 = 1, E5 = 1.5, E4 = 1 + 0.9 * 1.5 + 0.1 = 2.45.
+    #   K=2, c_1 = a_1, c_2 = a_1 a_2 (a_2: A p2 0.5, p3 0.34, p4 0.34, p5 0.5, p6 0.1; B r0 p1 0.1; B r1 p4 0.34, p5 0.5):
+    #        A: E7 = 1, E6 = 1.5, E5 = 1 + 0.5 * 1.5 + 0.25 = 2.0, E4 = 1 + 0.9 * 2 + 0.066 * 1.5 + 0.034 = 2.933,
+    #           E3 = 1 + 0.9 * 2.933 + 0.066 * 2 + 0.034 * 1.5 = 3.8227, E2 = 1 + 0.5 * 3.8227 + 0.25 * 2.933 + 0.25 * 2;
+    #        B r0: E1 = 1.5;  B r1: E5 = 1.5, E4 = 1 + 0.9 * 1.5 + 0.066 = 2.416.
+    k1 = 4.62875 + 1.5 + 2.45
+    k2 = (1 + 0.5 * 3.8227 + 0.25 * 2.933 + 0.25 * 2) + 1.5 + 2.416
+    assert v.tau_profile[0] == pytest.approx([11 / k1, 11 / k2], rel=1e-9)
+    # instruct carries 1 if matched else 0: its walk is the recorded one, so its estimate is τ_sim itself.
+    assert v.tau_profile[1] == pytest.approx(v.tau_sim)
     assert float(v.on_policy) == pytest.approx(10 / 11)  # anchor 3 of A is off-policy
-    assert v.speedup == pytest.approx([(1 + 7 / 11) / 1.1, (1 + 7 / 11 + 3 / 8) / 1.2])
+    # speedup is τ_sim's: τ_sim(K) / (1 + K·c), c = 0.1
+    assert v.speedup == pytest.approx([(11 / 7) / 1.1, (11 / 5) / 1.2])
+    assert v.speedup_profile[0] == pytest.approx([(11 / k1) / 1.1, (11 / k2) / 1.2], rel=1e-9)
     assert report.best_k == 2
 
 
@@ -104,8 +114,7 @@ def test_the_roofline_in_run_json_is_the_default_draft_cost(hand_run):
     cost = resolve_cost(run)
     assert (cost.source, cost.c) == ("roofline", 0.1) and list(cost.verify_extra) == [0.0, 0.0]
     assert summarize(run, cost).overall.value.speedup == pytest.approx(summary(hand_run, draft_cost=0.1).overall.value.speedup)
-    assert summary(hand_run, draft_cost=0.5).overall.value.speedup == pytest.approx(
-        [(1 + 7 / 11) / 1.5, (1 + 7 / 11 + 3 / 8) / 2.0])
+    assert summary(hand_run, draft_cost=0.5).overall.value.speedup == pytest.approx([(11 / 7) / 1.5, (11 / 5) / 2.0])
 
 
 def test_segment_slices_equal_the_hand_computation(hand_run):
@@ -210,9 +219,12 @@ def test_the_vectorised_decode_walk_equals_the_plain_loop(case, k):
 
 def test_rates_of_empty_depths_are_nan_not_zero():
     counts = Counts(evaluable=np.array([4, 0]), on_path=np.array([4, 0]), accepted=np.array([2, 0]),
-                    p_accept=np.zeros((0, 2)), on_policy=np.array(4), span_tokens=np.array(0), steps=np.array([0, 0]))
+                    p_accept=np.zeros((0, 2)), on_policy=np.array(4), span_tokens=np.array(0), steps=np.array([0, 0]),
+                    expected_steps=np.zeros((0, 2)), fit_tokens=np.array(0), fit_support=np.zeros(0), fit_q=np.zeros(0),
+                    fit_q2=np.zeros(0), fit_var=np.zeros(0), fit_ll=np.zeros(0))
     r = rates(counts, 0.1, np.zeros(2))
     assert r.alpha[0] == 0.5 and np.isnan(r.alpha[1]) and np.isnan(r.tau[1]) and np.isnan(r.tau_sim).all()
+    assert np.isnan(r.speedup).all()  # the speedup is τ_sim's
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,15 +242,35 @@ def test_the_bootstrap_is_deterministic_for_a_seed_and_moves_with_it(big_run):
     assert first.lo.speedup == pytest.approx(np.percentile(first.replicates.speedup, 2.5, axis=0))
 
 
-def test_the_bootstrap_resamples_whole_sessions(hand_run):
-    # With two sessions every resample is {A, A}, {A, B} or {B, B}: τ(2) of A alone, of both pooled, or of B alone.
-    overall = summary(hand_run, replicates=200, seed=3).overall
-    tau_a, tau_b, pooled = 1 + 4 / 6 + 2 / 5, 1 + 3 / 5 + 1 / 3, 1 + 7 / 11 + 3 / 8
-    outcomes = np.array([tau_a, pooled, tau_b])
-    nearest = np.abs(overall.replicates.tau[:, 1, None] - outcomes[None, :]).min(axis=1)
-    assert nearest.max() < 1e-12
-    seen = {int(i) for i in np.abs(overall.replicates.tau[:, 1, None] - outcomes[None, :]).argmin(axis=1)}
-    assert seen == {0, 1, 2}
+def test_two_sessions_of_three_turns_are_too_few_for_any_interval_and_make_no_verdict(hand_run):
+    report = summary(hand_run, replicates=200, seed=3, gate=parse_gate("speedup>=0.5"))
+    assert report.resampling.unit == "none" and any("too few to resample" in n for n in report.notes)
+    assert report.overall.lo is None and report.verdict.status == "UNRELIABLE" and "no interval" in report.verdict.reason
+    assert report.verdict.exit_code == 1
+
+
+def test_turn_resampling_draws_each_sessions_own_turns(runs):
+    sessions = hand_run_sessions()
+    sessions["B"] = sessions["B"] * 5  # B's two turns, five times over: 11 turns in all (same counts per copy)
+    sessions["B"] = [HandSpan(request=i, turn=s.turn, start=s.start, matches=s.matches, segments=s.segments)
+                     for i, s in enumerate(sessions["B"])]
+    report = summary(write_run(runs / "turns", sessions, k=2), replicates=300, seed=3)
+    assert report.resampling.unit == "turn"
+    # A's turn is always drawn once, B's ten turns (five r0-shaped, five r1-shaped) ten times: a replicate draws j of
+    # the r0-shaped ones, and τ(2) = 1 + (4 + j + 2(10-j)) / (6 + 2j + 3(10-j)) + (2 + 0 + (10-j)) / (5 + j + 2(10-j)).
+    outcomes = np.array([1 + (4 + j + 2 * (10 - j)) / (6 + 2 * j + 3 * (10 - j)) + (2 + (10 - j)) / (5 + j + 2 * (10 - j))
+                         for j in range(11)])
+    nearest = np.abs(report.overall.replicates.tau[:, 1, None] - outcomes[None, :]).min(axis=1)
+    assert nearest.max() < 1e-12 and len(set(np.round(report.overall.replicates.tau[:, 1], 9))) >= 5
+
+
+def test_with_ten_sessions_or_more_the_bootstrap_resamples_whole_sessions(runs):
+    # Ten one-anchor sessions, 3 hits: a resample draws j hit-sessions of ten, α_1 = j / 10 exactly.
+    sessions = {f"x{i}": [HandSpan(request=0, turn=0, start=3, matches=[[int(i < 3)]])] for i in range(10)}
+    report = summary(write_run(runs / "ten", sessions, k=1), replicates=400, seed=1)
+    assert report.resampling.unit == "session" and report.resampling.note is None
+    alpha = report.overall.replicates.alpha[:, 0]
+    assert np.allclose(alpha * 10, np.round(alpha * 10)) and len(set(np.round(alpha * 10))) >= 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,7 +278,7 @@ def test_the_bootstrap_resamples_whole_sessions(hand_run):
 
 
 @pytest.mark.parametrize("text, metric, threshold", [
-    ("speedup>=1.2", "speedup", 1.2), (" tau >= 2 ", "tau", 2.0), ("alpha1>=.5", "alpha1", 0.5),
+    ("speedup>=1.2", "speedup", 1.2), (" tau_sim >= 2 ", "tau_sim", 2.0), ("alpha1>=.5", "alpha1", 0.5),
     ("tau_sim>=1e0", "tau_sim", 1.0),
 ])
 def test_a_gate_parses_metric_and_threshold(text, metric, threshold):
@@ -271,8 +303,8 @@ def test_the_verdict_reads_the_lower_bound_at_the_best_k(big_run):
     value, lower = base.overall.value.speedup[k - 1], base.overall.lo.speedup[k - 1]
     assert lower < value
 
-    def verdict(gate: str, min_on_policy: float = 0.9):
-        return summarize(run, cost, replicates=300, gate=parse_gate(gate), min_on_policy=min_on_policy).verdict
+    def verdict(gate: str):
+        return summarize(run, cost, replicates=300, gate=parse_gate(gate)).verdict
 
     assert verdict(f"speedup>={lower - 0.01}").status == "GO"
     between = verdict(f"speedup>={(lower + value) / 2}")  # the point estimate clears it, the lower bound does not
@@ -280,24 +312,33 @@ def test_the_verdict_reads_the_lower_bound_at_the_best_k(big_run):
     alpha_lower = base.overall.lo.alpha[0]
     assert verdict(f"alpha1>={alpha_lower - 0.005}").status == "GO"
     assert verdict(f"alpha1>={alpha_lower + 0.005}").status == "NO-GO"
-    unreliable = verdict("speedup>=0.5", min_on_policy=0.999)  # on-policy ≈ 0.98
-    assert unreliable.status == "UNRELIABLE" and unreliable.exit_code == 1
     assert base.verdict.enforced is False and base.verdict.exit_code == 0
 
 
-def test_gate_exit_codes_are_go_0_no_go_1_unreliable_1_malformed_2(hand_run):
-    data = json.loads(cli("report", str(hand_run), "--format", "json").stdout)
+@pytest.fixture(scope="module")
+def mixed_run(runs) -> Path:
+    """12 sessions whose recorded tokens fit thinking (calibration 1, z 0) and not instruct (calibration 0.6)."""
+    fit = {"thinking": (1.0, 0.5, 0.5, 0.25), "instruct": (1.0, 0.3, 0.5, 0.2), "greedy": (0.7, 0.7, 1.0, 0.0)}
+    return write_run(runs / "mixed", random_sessions(12, 3, 0.7, seed=4, fit_rates=fit), k=3, draft_cost=0.08)
+
+
+def test_gate_exit_codes_are_go_0_no_go_1_unreliable_1_malformed_2(mixed_run):
+    data = json.loads(cli("report", str(mixed_run), "--format", "json").stdout)
     lower = data["best"]["speedup_lo"]
-    assert data["verdict"]["k"] == 2 and lower == pytest.approx(data["overall"]["lo"]["speedup"][1])
-    assert cli("report", str(hand_run), "--gate", f"speedup>={lower - 0.01:.4f}").returncode == 0
-    no_go = cli("report", str(hand_run), "--gate", f"speedup>={lower + 0.01:.4f}")
+    assert lower == pytest.approx(data["overall"]["lo"]["speedup"][data["best"]["k"] - 1])
+    assert data["recorded_with"]["name"] == "thinking" and data["recorded_with"]["fits"]
+    assert cli("report", str(mixed_run), "--gate", f"speedup>={lower - 0.01:.4f}").returncode == 0
+    no_go = cli("report", str(mixed_run), "--gate", f"speedup>={lower + 0.01:.4f}")
     assert no_go.returncode == 1 and "NO-GO" in no_go.stdout
-    # on-policy is 10/11 = 0.909: a 0.95 minimum makes any verdict UNRELIABLE
-    unreliable = cli("report", str(hand_run), "--gate", "speedup>=1.0", "--min-on-policy", "0.95")
-    assert unreliable.returncode == 1 and "UNRELIABLE" in unreliable.stdout
-    assert cli("report", str(hand_run), "--min-on-policy", "0.95").returncode == 0  # no gate: exit 0 whatever the verdict
-    line = one_line_error(cli("report", str(hand_run), "--gate", "speedup>1.2"))
+    # declared with instruct, which the recorded tokens do not fit: UNRELIABLE whatever the numbers, with the statistics
+    unreliable = cli("report", str(mixed_run), "--gate", "speedup>=1.0", "--recorded-with", "instruct")
+    assert unreliable.returncode == 1 and "UNRELIABLE" in unreliable.stdout and "calibration 0.600" in unreliable.stdout
+    assert cli("report", str(mixed_run), "--recorded-with", "instruct").returncode == 0  # no gate: exit 0 whatever the verdict
+    line = one_line_error(cli("report", str(mixed_run), "--gate", "speedup>1.2"))
     assert "speedup>1.2" in line and "METRIC>=NUMBER" in line
+    line = one_line_error(cli("report", str(mixed_run), "--gate", "tau>=2"))
+    assert "not a verdict metric" in line and "tau_sim" in line
+    assert "no such profile" in one_line_error(cli("report", str(mixed_run), "--recorded-with", "nobody"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,9 +439,9 @@ def test_a_probe_sets_c_and_the_verify_cost(hand_run, big_run, tmp_path):
     run = load_run(hand_run)
     cost = resolve_cost(run, probe=probe)
     assert (cost.source, cost.c) == ("probe", 0.05) and list(cost.verify_extra) == pytest.approx([0.02, 0.05])
-    tau = summarize(run, cost).overall.value.tau
+    tau_sim = summarize(run, cost).overall.value.tau_sim
     assert summarize(run, cost).overall.value.speedup == pytest.approx(
-        [tau[0] / (1 + 0.05 + 0.02), tau[1] / (1 + 2 * 0.05 + 0.05)])
+        [tau_sim[0] / (1 + 0.05 + 0.02), tau_sim[1] / (1 + 2 * 0.05 + 0.05)])
     # K = 4 run, probe measured K <= 2: v extended linearly (0.05 + 0.03 per K), and said so.
     cost4 = resolve_cost(load_run(big_run), probe=probe)
     assert list(cost4.verify_extra) == pytest.approx([0.02, 0.05, 0.08, 0.11])
@@ -434,28 +475,38 @@ def test_conflicting_or_missing_draft_costs_are_one_line(hand_run, runs, tmp_pat
 # Formats and views
 
 
-REPORT_KEYS = {"report_version", "run", "cost", "bootstrap", "k", "overall", "best", "on_policy", "verdict", "slices",
-               "notes", "baseline"}
-RATES_KEYS = {"alpha", "accept_rate", "tau", "tau_sim", "tau_profile", "speedup", "on_policy"}
+REPORT_KEYS = {"report_version", "run", "cost", "bootstrap", "k", "overall", "best", "on_policy", "recorded_with", "verdict",
+               "slices", "notes", "baseline"}
+RATES_KEYS = {"alpha", "accept_rate", "tau", "tau_sim", "tau_profile", "speedup", "speedup_profile", "on_policy", "support",
+              "calibration", "fit_z", "log_likelihood"}
+RECORDED_KEYS = {"name", "label", "declared", "fits", "support", "calibration", "z", "tokens", "own_sessions", "reason",
+                 "rule", "candidates"}
 
 
 def test_the_json_has_stable_documented_keys(hand_run):
     r = cli("report", str(hand_run), "--format", "json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
+    assert data["report_version"] == 2
     assert set(data) == REPORT_KEYS
     assert set(data["overall"]) == {"name", "anchors", "sessions", "value", "lo", "hi", "session_weighted"}
     assert set(data["overall"]["value"]) == RATES_KEYS
-    assert set(data["overall"]["value"]["tau_profile"]) == {"thinking", "instruct"}
-    assert set(data["slices"]) == {"segment", "turn", "session"}
+    assert set(data["overall"]["value"]["tau_profile"]) == {"thinking", "instruct", "greedy"}
+    assert set(data["slices"]) == {"segment", "context", "turn", "session"}
+    assert [s["name"] for s in data["slices"]["context"]] == ["0-4k"]
     assert set(data["verdict"]) == {"status", "gate", "enforced", "metric", "threshold", "k", "value", "lower", "reason",
                                     "exit_code"}
+    assert set(data["recorded_with"]) == RECORDED_KEYS
+    assert set(data["best"]) == {"k", "speedup", "speedup_lo", "speedup_hi", "tau_sim", "tau_sim_lo", "tau_sim_hi", "tau",
+                                 "tau_lo", "tau_hi"}
+    assert data["best"]["tau_sim"] == pytest.approx(11 / 5)  # the verdict's τ at the best K = 2
+    assert data["best"]["speedup"] == pytest.approx((11 / 5) / 1.2)
     assert data["overall"]["value"]["tau"] == pytest.approx([1 + 7 / 11, 1 + 7 / 11 + 3 / 8])
     assert data["slices"]["segment"][2]["value"]["alpha"][1] is None  # NaN (no tool_call row at depth 2) is null
     assert data["baseline"] is None
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("### `report` JSON"):]
-    for key in REPORT_KEYS | RATES_KEYS:
+    for key in REPORT_KEYS | RATES_KEYS | RECORDED_KEYS | {"context", "unit", "schema_version", "shared", "paired"}:
         assert f"`{key}`" in section, f"README's report JSON section does not document {key}"
 
 
@@ -469,11 +520,12 @@ def test_markdown_has_the_verdict_and_one_table_row_per_k(big_run):
     assert "### by segment of the drafted token" in text and "### by turn" in text and "### by session" in text
 
 
-def test_the_table_format_shows_every_k_slice_and_the_verdict(hand_run):
-    r = cli("report", str(hand_run), "--gate", "tau>=1.5")
+def test_the_table_format_shows_every_k_slice_and_the_verdict(mixed_run):
+    r = cli("report", str(mixed_run), "--gate", "tau_sim>=1.2")
     assert r.returncode == 0, r.stderr
-    for text in ("τ_sim(K)", "τ_thinking", "2 ★", "by segment", "tool_call", "by turn", "by session", "GO  [tau>=1.5]"):
-        assert text in r.stdout
+    for text in ("τ_sim(K)", "τ(K) vLLM", "τ_thinking est", "★", "recording sampler", "by segment", "by context length",
+                 "0-4k", "by turn", "by session", "GO  [tau_sim>=1.2]"):
+        assert text in r.stdout, text
 
 
 def test_an_80_column_terminal_gets_each_table_continued_below_it_with_no_number_truncated(big_run):
@@ -515,12 +567,13 @@ def test_a_baseline_against_itself_changes_nothing_and_a_better_run_is_flagged(b
     reading = read_and_summarize(better, baseline=big_run, replicates=200)
     d = reading.comparison.overall
     assert np.all(d.value.tau > 0) and np.all(d.lo.tau > 0)
-    assert {"tau@K=1", "tau@K=4", "speedup@K=4", "alpha@k=1"} <= set(d.flagged)
+    assert {"tau@K=1", "tau_sim@K=4", "speedup@K=4", "alpha@k=1"} <= set(d.flagged)
+    assert reading.comparison.paired and reading.comparison.shared == 40  # same ids s000..s039: resampled jointly
     assert "on_policy" not in d.flagged  # both runs 2% off-policy
     data = report_json(reading.report, reading.comparison)
     assert data["baseline"]["overall"]["flagged"] == list(d.flagged)
     r = cli("report", str(better), "--baseline", str(big_run), "--format", "markdown", "--replicates", "200")
-    assert r.returncode == 0 and "Δτ(K)" in r.stdout and "⚑" in r.stdout
+    assert r.returncode == 0 and "Δτ_sim(K)" in r.stdout and "⚑" in r.stdout
 
 
 def test_a_baseline_with_a_smaller_kmax_is_compared_over_the_common_depths(hand_run, big_run):
@@ -657,3 +710,167 @@ def test_on_a_long_on_policy_run_of_a_tiny_model_tau_and_tau_sim_agree_within_2_
     assert v.on_policy > 0.9  # greedy output of this target (a few near-ties flip between cached and chunked kernels)
     assert 0.1 < v.alpha[0] < 0.5, v.alpha  # drafts are accepted often enough for τ to mean something
     assert np.all(np.abs(v.tau_sim / v.tau - 1) < 0.02), (v.tau, v.tau_sim)
+
+
+# ---------------------------------------------------------------------------------------------
+# The recording sampler, honest gates, context (schema version 2)
+
+
+def _fitted_hand_sessions() -> dict[str, list[HandSpan]]:
+    """The hand run with recording-sampler sums written per span, (support, q, q2, var):
+
+                      tokens   thinking                 instruct                 greedy
+        A  [2, 8]     7        (7, 2.8, 2.6, 0.49)      (6, 3.0, 4.0, 0.7)       (5, 5, 7, 0)
+        B  [1, 3]     3        (3, 1.3, 1.3, 0.2)       (3, 1.5, 2.0, 0.3)       (3, 3, 3, 0)
+        B  [4, 7]     4        (4, 1.6, 1.7, 0.3)       (4, 2.0, 2.4, 0.4)       (3, 3, 4, 0)
+    """
+    sessions = hand_run_sessions()
+    fits = [{"thinking": (7, 2.8, 2.6, 0.49), "instruct": (6, 3.0, 4.0, 0.7), "greedy": (5, 5.0, 7.0, 0.0)},
+            {"thinking": (3, 1.3, 1.3, 0.2), "instruct": (3, 1.5, 2.0, 0.3), "greedy": (3, 3.0, 3.0, 0.0)},
+            {"thinking": (4, 1.6, 1.7, 0.3), "instruct": (4, 2.0, 2.4, 0.4), "greedy": (3, 3.0, 4.0, 0.0)}]
+    for span, fit in zip(sessions["A"] + sessions["B"], fits):
+        span.fit.update(fit)
+    return sessions
+
+
+def test_recording_sampler_statistics_equal_the_hand_computation_and_name_the_best_fit(runs):
+    report = summary(write_run(runs / "fitted", _fitted_hand_sessions(), k=2))
+    v = report.overall.value
+    # 14 scored tokens (x_2..x_8, x_1..x_3, x_4..x_7).
+    #   thinking: support 14/14, calibration (2.8 + 1.3 + 1.6) / (2.6 + 1.3 + 1.7) = 5.7 / 5.6, z = 0.1 / √0.99
+    #   instruct: support 13/14 = 0.929 (< 0.95), calibration 6.5 / 8.4;  greedy: support 11/14 (calibration = support)
+    assert v.support.tolist() == pytest.approx([1.0, 13 / 14, 11 / 14])
+    assert v.calibration.tolist() == pytest.approx([5.7 / 5.6, 6.5 / 8.4, 11 / 14])
+    assert v.fit_z[0] == pytest.approx(0.1 / np.sqrt(0.99)) and v.fit_z[1] == pytest.approx((6.5 - 8.4) / np.sqrt(1.4))
+    assert np.isnan(v.fit_z[2])  # greedy has no variance
+    rec = report.recording
+    assert [c.fits for c in rec.candidates] == [True, False, False]
+    assert rec.name == "thinking" and rec.fits and rec.declared is None and rec.tokens == 14
+    # log-likelihood per token (these spans carry the default -1 per token; instruct's missing token counts log 1e-3)
+    assert rec.candidate("thinking").log_likelihood == pytest.approx(-1.0)
+    assert rec.candidate("instruct").log_likelihood == pytest.approx((-14 + np.log(1e-3)) / 14)
+    assert "best fit of 3 candidates" in rec.label
+    # per session: A's thinking calibration 2.8 / 2.6, B's (1.3 + 1.6) / (1.3 + 1.7)
+    sessions = {s.name: s.value for s in report.sessions}
+    assert sessions["A"].calibration[0] == pytest.approx(2.8 / 2.6) and sessions["B"].calibration[0] == pytest.approx(2.9 / 3.0)
+    # declared: report --recorded-with instruct does not fit, and the reason carries the statistics
+    declared = summary(write_run(runs / "fitted", _fitted_hand_sessions(), k=2), recorded_with="instruct")
+    assert declared.recording.declared == "report" and not declared.recording.fits
+    assert declared.verdict.status == "UNRELIABLE" and "instruct: support 0.929, calibration 0.774" in declared.verdict.reason
+
+
+def test_the_verdict_is_unreliable_only_when_the_traffic_fits_no_sampler_and_then_prints_the_statistics(runs):
+    fit = {"thinking": (0.9, 0.4, 0.5, 0.2), "instruct": (1.0, 0.8, 0.5, 0.2), "greedy": (0.55, 0.55, 1.0, 0.0)}
+    run = write_run(runs / "foreign", random_sessions(12, 2, 0.7, seed=3, fit_rates=fit), k=2)
+    report = summary(run, replicates=200, gate=parse_gate("speedup>=0.5"))
+    assert report.recording.name is None and report.verdict.status == "UNRELIABLE"
+    for text in ("fit no sampler", "thinking: support 0.900, calibration 0.800", "instruct: support 1.000, calibration 1.600",
+                 "greedy: support 0.5"):
+        assert text in report.verdict.reason, text
+    # the same numbers with a sampler that fits: a verdict
+    fit["instruct"] = (1.0, 0.5, 0.5, 0.2)
+    ok = summary(write_run(runs / "own", random_sessions(12, 2, 0.7, seed=3, fit_rates=fit), k=2), replicates=200,
+                 gate=parse_gate("speedup>=0.5"))
+    assert ok.recording.name == "instruct" and ok.verdict.status == "GO"
+
+
+def test_a_sampler_declared_at_replay_or_by_every_session_is_the_recording_sampler(runs):
+    sessions = random_sessions(12, 2, 0.7, seed=8)
+    declared = summary(write_run(runs / "declared", sessions, k=2, manifest={"recorded_with": "instruct"}), replicates=50)
+    assert declared.recording.declared == "replay" and declared.recording.name == "recorded"
+    assert declared.recording.label.startswith("instruct") and "declared at replay" in declared.recording.label
+    own = summary(write_run(runs / "own-sampler", sessions, k=2, own_sampler=set(sessions)), replicates=50)
+    assert own.recording.declared == "sessions" and own.recording.name == "recorded" and own.recording.own_sessions == 12
+    some = summary(write_run(runs / "some-own", sessions, k=2, own_sampler={"s000"}), replicates=50)
+    assert some.recording.declared is None and "recorded" in [c.name for c in some.recording.candidates]
+    assert "recorded" not in [c.name for c in summary(write_run(runs / "none-own", sessions, k=2), replicates=50).recording.candidates]
+
+
+def test_an_interrupted_run_cannot_be_go(runs):
+    run = write_run(runs / "interrupted", random_sessions(12, 3, 0.9, seed=2), k=3, manifest={"status": "running"})
+    report = summary(run, replicates=200, gate=parse_gate("speedup>=0.5"))
+    assert report.overall.lo.speedup[report.best_k - 1] > 0.5  # the numbers alone would say GO
+    assert report.verdict.status == "UNRELIABLE" and report.verdict.exit_code == 1
+    assert "run status is 'running'" in report.verdict.reason and "--resume" in report.verdict.reason
+    r = cli("report", str(run), "--gate", "speedup>=0.5")
+    assert r.returncode == 1 and "UNRELIABLE" in r.stdout
+
+
+def test_a_one_session_run_cannot_be_go_and_its_interval_resamples_its_turns(runs):
+    one = random_sessions(1, 3, 0.9, seed=5, span_len=(20, 30))
+    one["s000"] = [HandSpan(request=t, turn=t, start=3, matches=[[1] * min(3, 20 - i) for i in range(20)]
+                            if t % 2 else [[int((i + t) % 3 > 0)] * min(3, 20 - i) for i in range(20)])
+                   for t in range(12)]
+    report = summary(write_run(runs / "one", one, k=3), replicates=200, gate=parse_gate("speedup>=0.5"))
+    lo, hi = report.overall.lo.speedup[report.best_k - 1], report.overall.hi.speedup[report.best_k - 1]
+    assert report.resampling.unit == "turn" and 0.5 < lo < hi  # never a zero-width interval from one session
+    assert report.verdict.status == "UNRELIABLE" and "1 session" in report.verdict.reason
+    assert cli("report", str(runs / "one"), "--gate", "speedup>=0.5").returncode == 1
+
+
+def test_a_baseline_over_different_session_sets_says_so_and_pairs_only_the_shared_ones(runs, big_run):
+    other = random_sessions(40, 4, 0.7, seed=1, off_policy_rate=0.02)  # the same sessions as big_run ...
+    renamed = {(f"t{i:03d}" if i >= 30 else sid): spans for i, (sid, spans) in enumerate(other.items())}  # ... 10 renamed
+    partly = write_run(runs / "partly", renamed, k=4, draft_cost=0.08)
+    reading = read_and_summarize(partly, baseline=big_run, replicates=300)
+    c = reading.comparison
+    assert (c.shared, c.only_current, c.only_baseline, c.paired) == (30, 10, 10, True)
+    assert "30 session(s) in both runs are resampled jointly" in c.note and "10 only in this run" in c.note
+    assert np.all(c.overall.value.tau == 0)  # the same rows: no difference ...
+    assert c.overall.lo.tau[3] < 0 < c.overall.hi.tau[3]  # ... and the unpaired 10 leave a non-zero interval
+    disjoint = write_run(runs / "disjoint", random_sessions(40, 4, 0.7, seed=1, off_policy_rate=0.02, prefix="u"), k=4,
+                         draft_cost=0.08)
+    d = read_and_summarize(disjoint, baseline=big_run, replicates=300).comparison
+    assert (d.shared, d.paired) == (0, False) and "unpaired (no session id in common)" in d.note
+    same = read_and_summarize(big_run, baseline=big_run, replicates=300).comparison
+    assert same.paired and same.overall.lo.tau[3] == same.overall.hi.tau[3] == 0  # paired against itself: exactly 0
+    data = report_json(reading.report, c)
+    assert data["baseline"]["sessions"] == {"shared": 30, "only_current": 10, "only_baseline": 10, "paired": True,
+                                            "note": c.note}
+    r = cli("report", str(partly), "--baseline", str(big_run), "--replicates", "100")
+    assert r.returncode == 0 and "resampled jointly (paired)" in r.stdout
+
+
+def test_a_version_1_run_is_read_with_a_note_per_missing_feature_and_judged_by_greedy_on_policy(runs):
+    run = write_run(runs / "v1", random_sessions(12, 2, 0.7, seed=9, off_policy_rate=0.02), k=2, version=1)
+    report = summary(run, replicates=100)
+    assert sum("schema_version 1 run" in n for n in report.notes) == 2
+    rec = report.recording
+    assert [c.name for c in rec.candidates] == ["greedy"] and rec.name == "greedy"
+    assert rec.candidate("greedy").support == pytest.approx(float(report.overall.value.on_policy))
+    assert rec.fits  # on-policy ≈ 0.98 >= 0.95
+    assert np.isnan(report.overall.value.tau_profile).all()  # no what-if without the sums
+    with pytest.raises(OptionError, match="schema_version 1 run has no sampler sums"):
+        summary(run, recorded_with="thinking")
+    assert cli("report", str(run), "--format", "json").returncode == 0
+
+
+def test_context_slices_split_rows_by_the_anchor_position_and_long_sessions_are_warned(runs):
+    sessions = {"long": [HandSpan(request=0, turn=0, start=3, matches=[[1]] * 10),
+                         HandSpan(request=0, turn=1, start=5000, matches=[[0]] * 10),
+                         HandSpan(request=0, turn=2, start=20000, matches=[[1]] * 5)]}
+    run = write_run(runs / "context", sessions, k=1, manifest={
+        "model": {"path": "/x", "roofline": {"draft_cost": 0.1}, "max_position_embeddings": 16384,
+                  "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}})
+    report = summary(run, replicates=20)
+    by_name = {s.name: s for s in report.context}
+    assert list(by_name) == ["0-4k", "4k-16k", "16k-32k"]  # empty ranges are left out
+    assert [by_name[n].anchors for n in by_name] == [10, 10, 5]
+    assert by_name["0-4k"].value.alpha[0] == 1.0 and by_name["4k-16k"].value.alpha[0] == 0.0
+    assert by_name["4k-16k"].value.tau_sim[0] == pytest.approx(10 / 10)  # its turn: ten one-token steps
+    assert any("exceed the checkpoint's max_position_embeddings (16,384" in n for n in report.notes)
+    assert any("scales RoPE (yarn, factor 4.0)" in n for n in report.notes)
+    md = cli("report", str(run), "--format", "markdown")
+    assert "### by context length at the anchor" in md.stdout and "| 16k-32k |" in md.stdout
+    data = json.loads(cli("report", str(run), "--format", "json").stdout)
+    assert [s["name"] for s in data["slices"]["context"]] == ["0-4k", "4k-16k", "16k-32k"]
+
+
+def test_runs_that_resample_turns_are_compared_pairwise_by_turn(runs):
+    sessions = random_sessions(3, 3, 0.7, seed=12, span_len=(20, 30))
+    for sid in sessions:
+        sessions[sid] = [HandSpan(request=i, turn=i, start=3, matches=s.matches) for i, s in enumerate(sessions[sid] * 4)]
+    run = write_run(runs / "few", sessions, k=3)
+    c = read_and_summarize(run, baseline=run, replicates=200).comparison
+    assert c.paired and "paired, by turn" in c.note
+    assert np.all(c.overall.lo.tau_sim == 0) and np.all(c.overall.hi.tau_sim == 0)
