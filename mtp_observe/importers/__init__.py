@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import InputError, OptionError
-from ..sessions import SessionError, parse_record
+from ..sessions import SessionError, SessionIds, check_inputs, parse_record, path_labels
 from . import anthropic, claude_code, mini_swe_agent, tau2_bench, tau_bench
 from .common import Options, Rejected, Source
 
@@ -151,10 +151,13 @@ def import_files(fmt: str, files, out: Path, options: Options = Options(), on_er
 
     on_error "fail": the first bad record raises its InputError and nothing is written;
     "skip": it is reported through `warn`, counted, and the import goes on (a file that cannot be
-    read at all is skipped whole). Session ids are made unique across the output by appending
-    "#2", "#3", ... to a repeat."""
+    read at all is skipped whole). Session ids follow the reader's rule (sessions.py): ids made
+    from a file's name use its `path_labels` label, so two files of one name give distinct ids,
+    and a repeated id is a bad record naming both places. An input with no sessions (empty, only
+    blank lines, or nothing to convert) is refused whatever on_error says."""
     assert fmt == "auto" or fmt in READERS, fmt
     assert on_error in ("fail", "skip"), on_error
+    check_inputs(files, missing_ok=True)  # before any work: an empty input
     counts: list[FileCount] = []
     _write_atomically(out, _lines(fmt, files, options, on_error, warn, counts))
     return counts
@@ -162,7 +165,8 @@ def import_files(fmt: str, files, out: Path, options: Options = Options(), on_er
 
 def _lines(fmt, files, options, on_error, warn, counts: list[FileCount]) -> Iterator[str]:
     """The output's lines, file after file; appends one FileCount per file to `counts`."""
-    ids: set[str] = set()
+    ids = SessionIds()
+    labels = path_labels(files, stem=lambda p: Source(p).stem)
 
     def skip(count: FileCount, message: str) -> None:
         if on_error == "fail":
@@ -172,14 +176,16 @@ def _lines(fmt, files, options, on_error, warn, counts: list[FileCount]) -> Iter
             warn(message)
 
     for p in files:
-        source = Source(Path(p))
+        source = Source(Path(p), label=labels[str(p)])
         count = FileCount(str(p), "?")
         counts.append(count)
         try:
             count.format = detect(source) if fmt == "auto" else fmt
             source.check_file()
             for item in sessions_of(source, count.format, options):
-                line = item if isinstance(item, SkippedRecord) else _line(_unique(item, ids), source)
+                line = item if isinstance(item, SkippedRecord) else _line(item, source)
+                if not isinstance(line, SkippedRecord):  # an id is taken only by a session that is written
+                    line = _repeated(item, ids, source) or line
                 if isinstance(line, SkippedRecord):
                     skip(count, line.message)
                     continue
@@ -189,6 +195,8 @@ def _lines(fmt, files, options, on_error, warn, counts: list[FileCount]) -> Iter
             if on_error == "fail":
                 raise
             skip(count, str(e))  # the rest of this file cannot be read; the next file can
+        if count.sessions == 0 and not count.skipped:
+            raise source.error(f"holds no sessions (a {count.format} file with nothing to convert); remove it from the inputs")
 
 
 def _write_atomically(out: Path, lines: Iterator[str]) -> None:
@@ -223,12 +231,10 @@ def _write_atomically(out: Path, lines: Iterator[str]) -> None:
             tmp.unlink()
 
 
-def _unique(session: dict, ids: set[str]) -> dict:
-    sid, n = session["id"], 1
-    while sid in ids:
-        n += 1
-        sid = f"{session['id']}#{n}"
-    ids.add(sid)
-    if sid != session["id"]:
-        session = dict(session, id=sid)
-    return session
+def _repeated(session: dict, ids: SessionIds, source: Source) -> SkippedRecord | None:
+    """A SkippedRecord when the session's id repeats one already written (the reader's rule), else None."""
+    record = session["meta"]["importer"]["record"]
+    message = ids.repeat(session["id"], f"{source.name} ({record})")
+    if message is None:
+        return None
+    return SkippedRecord(source.name, f"{source.name}: {record}: session {session['id']}: {message}")

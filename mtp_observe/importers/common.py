@@ -83,6 +83,7 @@ class Source:
     """One input file. `document()` parses it whole (cached); `lines()` streams JSON lines."""
 
     path: Path
+    label: str | None = None  # what default ids start with instead of the stem (sessions.path_labels)
     _document: Any = field(default=None, repr=False)
     _parsed: bool = field(default=False, repr=False)
 
@@ -92,6 +93,8 @@ class Source:
 
     @property
     def stem(self) -> str:
+        if self.label is not None:
+            return self.label
         name = self.path.name
         for suffix in (".traj.json", ".jsonl", ".json", ".yaml", ".yml"):
             if name.endswith(suffix) and len(name) > len(suffix):
