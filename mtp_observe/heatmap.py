@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow.dataset as pads
 
 from .errors import OptionError
+from .literal import literal, visible
 from .report import Run, read_dataset
 
 # Pastel red -> yellow -> green, legible under black text.
@@ -144,7 +145,7 @@ def _legend(k: int) -> list[tuple[str, str]]:
 def print_terminal(view: SessionView, console) -> None:
     from rich.text import Text
 
-    console.print(f"session {view.session_id} — each token coloured by the accepted length at its anchor", markup=False)
+    console.print(literal(f"session {view.session_id} — each token coloured by the accepted length at its anchor"), soft_wrap=True)
     legend = Text("accepted length: ")
     for label, hex_colour in _legend(view.k):
         legend.append(f" {label} ", style=f"black on {hex_colour}")
@@ -152,14 +153,15 @@ def print_terminal(view: SessionView, console) -> None:
     legend.append(" no anchor ", style="dim")
     console.print(legend)
     if view.note:
-        console.print(f"note: {view.note}", style="yellow", markup=False)
+        console.print(literal(f"note: {view.note}", "yellow"), soft_wrap=True)
     for t in view.turns:
-        console.print(f"\n── request {t.request} · turn {t.turn} · tokens {t.start}..{t.end} · "
-                      f"mean accepted length {t.mean_accepted:.2f}", style="bold", markup=False)
+        console.print()
+        console.print(literal(f"── request {t.request} · turn {t.turn} · tokens {t.start}..{t.end} · "
+                              f"mean accepted length {t.mean_accepted:.2f}", "bold"), soft_wrap=True)
         text = Text()
         for piece in t.pieces:
             style = "dim" if piece.accepted is None else f"black on {colour(piece.accepted, view.k)}"
-            text.append(piece.text, style=style)
+            text.append(visible(piece.text, newlines=True), style=style)
         console.print(text, soft_wrap=True)
 
 
