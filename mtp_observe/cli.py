@@ -440,7 +440,7 @@ def probe(
     check_writable(output, "--output")
     result = measure(model, context=context, k=k, device=device, dtype=dtype, repeats=repeats)
     data = probe_json(result)
-    write_json_atomic(output, data)
+    write_json_atomic(output, data, hint="free space or choose another --output")
     ms = 1e3
     roof = result.roofline
     t = Table(title=literal(f"{model}: batch 1, context {context}, {result.device} ({result.device_name}) {result.dtype}, "

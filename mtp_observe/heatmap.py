@@ -105,9 +105,10 @@ def session_view(run: Run, session_id: str) -> SessionView:
         shown = ", ".join(run.sessions[:5]) + (f", ... ({len(run.sessions)} in all)" if len(run.sessions) > 5 else "")
         raise OptionError(f"--heatmap {session_id}: no such session in {run.path} (sessions: {shown})")
     code = run.sessions.index(session_id)
+    part, stored_id = run.session_keys[code]  # the name may carry its part ('<id> [<part>]', report.py)
     status = str(run.manifest.get("status"))
-    table = read_dataset(run.path / "requests.parquet", ["request", "input_ids"], status,
-                          filter=pads.field("session_id") == session_id)
+    table = read_dataset(run.path / "requests.parquet" / part if part else run.path / "requests.parquet",
+                         ["request", "input_ids"], status, filter=pads.field("session_id") == stored_id)
     input_ids = {int(r): ids for r, ids in zip(table.column("request").to_pylist(), table.column("input_ids").to_pylist())}
     tokenizer, note = load_tokenizer(run)
 

@@ -24,6 +24,7 @@ from .handmade import HandSpan, hand_run_sessions, random_sessions, write_run
 from mtp_observe.errors import OptionError, RunDirectoryError
 from mtp_observe.metrics import Counts, rates, simulate_decode, simulate_decode_reference
 from mtp_observe.presentation import column_groups
+from mtp_observe.tables import SCHEMA_VERSION
 from mtp_observe.report import (
     compare, load_run, newest_run, parse_gate, read_and_summarize, report_json, resolve_cost, summarize,
 )
@@ -307,9 +308,9 @@ def test_a_run_with_a_newer_schema_version_is_refused_in_one_line(hand_run, tmp_
     newer = tmp_path / "newer"
     shutil.copytree(hand_run, newer)
     manifest = json.loads((newer / "run.json").read_text())
-    (newer / "run.json").write_text(json.dumps(manifest | {"schema_version": 2}))
+    (newer / "run.json").write_text(json.dumps(manifest | {"schema_version": SCHEMA_VERSION + 1}))
     line = one_line_error(cli("report", str(newer)))
-    assert "run.json" in line and "schema_version 2 is newer" in line and "upgrade" in line
+    assert "run.json" in line and f"schema_version {SCHEMA_VERSION + 1} is newer" in line and "upgrade" in line
 
 
 def _first_positions_part(path: Path) -> tuple[Path, pa.Table]:
