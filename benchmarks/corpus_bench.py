@@ -48,13 +48,19 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        extra = {"openai-batch": [log_samples.write_batch_output(tmp / "batch_output.jsonl")],
-                 "otel-genai": log_samples.write_otel_samples(tmp)}
+        # The two OTLP files hold the same spans in two attribute encodings, so the same session ids: one
+        # import would refuse the second copy (ids are unique within a run), so each is imported on its own.
+        text_otlp, structured_otlp = log_samples.write_otel_samples(tmp)
+        extra = {"openai-batch": [log_samples.write_batch_output(tmp / "batch_output.jsonl")], "otel-genai": [text_otlp]}
         conversation = log_samples.bundled_conversation_ids(renderer.tokenizer)
         vllm = tmp / "vllm-server.log"
         vllm.write_text("\n".join(line for k, (pt, pi, oi, ot) in enumerate(conversation)
                                   for line in log_samples.vllm_request_lines(f"chatcmpl-{k}", pt, pi, oi, ot, n=k)) + "\n")
-        inputs = [(p.name, [p, *extra.get(p.name, [])]) for p in folders] + ([("vllm-log (built)", [vllm])] if not args.only else [])
+        inputs = [(p.name, [p, *extra.get(p.name, [])]) for p in folders]
+        if any(p.name == "otel-genai" for p in folders):
+            inputs.append(("otel-genai (structured encoding)", [structured_otlp]))
+        if not args.only:
+            inputs.append(("vllm-log (built)", [vllm]))
         for name, files in inputs:
             out = tmp / "out.jsonl"
             t0 = time.perf_counter()

@@ -2,7 +2,14 @@
 
 Errors a user can cause (`errors.UserError`) become one line on stderr and exit code 2;
 the traceback only with MTP_OBSERVE_DEBUG=1. Usage errors (unknown option, missing
-argument) are one line too.
+argument) are one line too, and on failure that line is all stderr holds: progress bars are
+transient (drawn only on a terminal, cleared when they stop) and library logging and warnings
+(transformers' kernel fallbacks on CPU, torch's UserWarnings) are silenced unless
+MTP_OBSERVE_DEBUG=1.
+
+Printing: both consoles interpret no markup and no emoji codes, and every user-controlled
+string (file names, session ids, tensor names, decoded text, messages) goes through
+`literal.literal`/`literal.visible`, which show control characters and ANSI escapes as escapes.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .errors import OptionError, UserError
+from .literal import literal, visible
 
 app = typer.Typer(
     name="mtp-observe",
@@ -28,8 +36,14 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 # Piped without COLUMNS, rich would assume 80 columns and fold or truncate the tables; a log is wider.
-out = Console(highlight=False, width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, markup=False, emoji=False,
+              width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
+err = Console(stderr=True, highlight=False, markup=False, emoji=False)
+
+
+def say(console: Console, text, style=None) -> None:
+    """One line of (possibly user-controlled) text, printed literally and never wrapped."""
+    console.print(literal(text, style), soft_wrap=True)
 
 
 @app.callback()
@@ -57,24 +71,26 @@ def inspect(
     if as_json:
         print(json.dumps(inventory_json(inv), indent=2))
         return
-    out.print(f"[bold]{inv.model}[/]  model_type={inv.model_type}  layout={inv.layout}")
+    heading = literal(inv.model, "bold")
+    heading.append(visible(f"  model_type={inv.model_type}  layout={inv.layout}"))
+    out.print(heading, soft_wrap=True)
     cfg = Table(title="config", show_header=False)
     for k, v in inv.config.items():
-        cfg.add_row(k, str(v))
+        cfg.add_row(literal(k), literal(v))
     out.print(cfg)
     t = Table(title=f"MTP head: {len(inv.head)} tensors")
     for c in ("tensor", "shape", "dtype", "bytes"):
         t.add_column(c, justify="right" if c == "bytes" else "left")
     for e in inv.head:
-        t.add_row(e.name, str(list(e.shape)), e.dtype, f"{e.nbytes:,}")
-    t.add_row("[bold]total[/]", f"{sum(e.numel for e in inv.head):,} params", "", f"[bold]{inv.head_bytes():,}[/]")
+        t.add_row(literal(e.name), str(list(e.shape)), literal(e.dtype), f"{e.nbytes:,}")
+    t.add_row(literal("total", "bold"), f"{sum(e.numel for e in inv.head):,} params", "", literal(f"{inv.head_bytes():,}", "bold"))
     out.print(t)
     b = Table(title="borrowed from the target (read by every draft step)")
     for c in ("tensor", "role", "shape", "dtype", "bytes"):
         b.add_column(c)
     roles = [(inv.embedding, "embedding + lm_head (tied)")] if inv.tied else [(inv.embedding, "embedding"), (inv.lm_head, "lm_head")]
     for e, role in roles:
-        b.add_row(e.name, role, str(list(e.shape)), e.dtype, f"{e.nbytes:,}")
+        b.add_row(literal(e.name), role, str(list(e.shape)), literal(e.dtype), f"{e.nbytes:,}")
     out.print(b)
     data = inventory_json(inv)
     storage = data["head"]["storage"]
@@ -114,12 +130,13 @@ SEGMENT_STYLES = {"reasoning": "magenta", "text": "green", "tool_call": "cyan", 
 
 
 def _model_dir(model: Optional[Path]) -> Path:
+    """--model, or the bundled model, said on stdout (stderr is kept for the error line of a failure)."""
     from .pipeline import default_model_dir
 
     if model is not None:
         return model
     path = default_model_dir()
-    err.print(f"using the bundled default model ({path}); pass --model DIR for your own checkpoint", soft_wrap=True)
+    say(out, f"using the bundled default model ({path}); pass --model DIR for your own checkpoint")
     return path
 
 
@@ -157,8 +174,10 @@ def sessions(
 
     from .checkpoint import read_checkpoint
     from .rendering import SEGMENTS, Renderer, survey
+    from .sessions import check_inputs
 
     _check_on_error(on_error)
+    check_inputs(files)
     overrides = _template_overrides(chat_template, template_kwargs)
     model_dir = _model_dir(model)
     renderer = Renderer.from_model_dir(model_dir, vocab_size=read_checkpoint(model_dir).geometry.vocab_size, overrides=overrides)
@@ -178,7 +197,7 @@ def sessions(
         per_file, total, skipped = survey(files, renderer, on_error=on_error, on_session=tick)
     rows = list(per_file.items()) + ([("total", total)] if len(per_file) > 1 else [])
     columns = ("sessions", "skipped", "turns", "requests", "prompt", *SEGMENTS, "scored")
-    cells = [[Path(name).name if name != "total" else "total", f"{c.sessions:,}", f"{c.skipped:,}", f"{c.assistant_turns:,}",
+    cells = [[literal(Path(name).name) if name != "total" else "total", f"{c.sessions:,}", f"{c.skipped:,}", f"{c.assistant_turns:,}",
               f"{c.requests:,}", f"{c.prompt_tokens:,}", *[f"{c.scored[s]:,}" for s in SEGMENTS], f"{c.scored_tokens:,}"]
              for name, c in rows]
     title = "sessions as the replay will score them"
@@ -198,9 +217,9 @@ def sessions(
             t.add_row(c, *[r[i] for r in cells])
     out.print(t)
     for s in skipped[:20]:
-        err.print(f"skipped: {s.message}", markup=False, soft_wrap=True)
+        say(err, f"skipped: {s.message}")
     if len(skipped) > 20:
-        err.print(f"... and {len(skipped) - 20} more skipped", soft_wrap=True)
+        say(err, f"... and {len(skipped) - 20} more skipped")
 
 
 def _show_session(files, renderer, session_id: str, on_error: str) -> None:
@@ -214,7 +233,8 @@ def _show_session(files, renderer, session_id: str, on_error: str) -> None:
             continue
         rendered = renderer.render(item)
         for req in rendered.requests:
-            out.rule(f"session {item.id} · request {req.index} · {len(req.input_ids):,} tokens · {len(req.spans)} scored turns")
+            out.rule(literal(f"session {item.id} · request {req.index} · {len(req.input_ids):,} tokens · "
+                             f"{len(req.spans)} scored turns"))
             text = Text()
             style_of = ["dim"] * len(req.input_ids)
             for sp in req.spans:
@@ -225,7 +245,7 @@ def _show_session(files, renderer, session_id: str, on_error: str) -> None:
                 j = k
                 while j < len(req.input_ids) and style_of[j] == style_of[k]:
                     j += 1
-                text.append(renderer.tokenizer.decode(req.input_ids[k:j]), style=style_of[k])
+                text.append(visible(renderer.tokenizer.decode(req.input_ids[k:j]), newlines=True), style=style_of[k])
                 k = j
             out.print(text, soft_wrap=True)
         legend = Text("legend: ")
@@ -288,11 +308,14 @@ class _ProgressObserver:
 
         self.tokens += tokens
         elapsed = max(time.time() - self.started, 1e-9)
-        self.progress.update(self.task, advance=1, description=f"{'skipped' if skipped else 'replayed'} {session_id[:28]}",
+        self.progress.update(self.task, advance=1, description=f"{'skipped' if skipped else 'replayed'} {visible(session_id)[:28]}",
                              tokens=f"{self.tokens:,} tokens", rate=f"{self.tokens / elapsed:,.0f} tok/s")
 
     def warn(self, message: str) -> None:
-        self.progress.console.print(f"skipped: {message}", markup=False, soft_wrap=True)
+        say(self.progress.console, f"skipped: {message}")
+
+    def note(self, message: str) -> None:
+        say(self.progress.console, f"note: {message}")
 
 
 @app.command()
@@ -331,16 +354,20 @@ def replay(
                          device_map=device_map, template=overrides)
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
     try:
-        with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TextColumn("sessions"),
-                      TextColumn("{task.fields[tokens]}"), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
-                      console=err, transient=False, disable=not rank0) as progress:
+        # Drawn only on a terminal, and cleared when it stops: a failure leaves its error line alone.
+        with Progress(TextColumn("{task.description:<40}", markup=False), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("sessions"), TextColumn("{task.fields[tokens]}", markup=False),
+                      TextColumn("{task.fields[rate]}", markup=False), TimeRemainingColumn(),
+                      console=err, transient=True, disable=not (rank0 and err.is_terminal)) as progress:
             run_dir = run_replay(files, model_dir, out_path, opts, bundled=bundled,
                                  observer=_ProgressObserver(progress) if rank0 else None)
     except KeyboardInterrupt:  # run.json says "failed"; every finished session's part is complete on disk
         if rank0:
-            done = len(list((out_path / "positions.parquet").glob("part-*.parquet")))
-            err.print(f"interrupted: {done} finished session{'s are' if done != 1 else ' is'} kept in {out_path}; "
-                      f"continue with the same command and --out {out_path} --resume", markup=False, soft_wrap=True)
+            from .tables import done_parts
+
+            done = len(done_parts(out_path))  # a session is finished once both of its parts are on disk
+            say(err, f"interrupted: {done} finished session{'s are' if done != 1 else ' is'} kept in {out_path}; "
+                     f"continue with the same command and --out {out_path} --resume")
         raise typer.Exit(130)
     if rank0:
         _print_replay_summary(run_dir)
@@ -369,17 +396,43 @@ def _print_replay_summary(run_dir: Path) -> None:
            f"recording sampler: none of the {len(rec.candidates)} candidates fits these sessions, so they are not this "
            "target's own traffic (mtp-observe report lists the statistics)" if rec.name is None else
            f"recording sampler: {rec.label} does not fit these sessions (mtp-observe report lists the statistics)")
-    out.print(f"on-policy rate {float(v.on_policy):.3f}; {fit}", markup=False, soft_wrap=True)
-    out.print(f"run directory: {run_dir}   next: mtp-observe report {run_dir}", soft_wrap=True)
+    say(out, f"on-policy rate {float(v.on_policy):.3f}; {fit}")
+    if str(m.get("device", "")).startswith("cuda"):  # transformers' own warning about it is silenced (stderr is ours)
+        import importlib.util
+
+        missing = [p for p, module in (("flash-linear-attention", "fla"), ("causal-conv1d", "causal_conv1d"))
+                   if importlib.util.find_spec(module) is None]
+        if missing:
+            say(out, f"note: the target ran transformers' reference linear-attention kernels (correct, slower); "
+                     f"pip install {' '.join(missing)} for the fast ones")
+    say(out, f"run directory: {run_dir}   next: mtp-observe report {run_dir}")
 
 
 REPORT_FORMATS = ("table", "markdown", "json")
 
 
-def check_writable(path: Optional[Path], option: str) -> None:
-    """Refuse before the work, not after it, an output file whose directory does not exist."""
-    if path is not None and not path.resolve().parent.is_dir():
+def check_writable(path: Optional[Path], option: str, suffixes: tuple[str, ...] = ()) -> None:
+    """Refuse before the work, not after it, an output file of the wrong kind or in a directory that does not
+    exist or cannot be written (access(2) says so for a read-only mount or an immutable directory, root too)."""
+    if path is None:
+        return
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise OptionError(f"{option} {path}: expected a {' or '.join(suffixes)} file name (this option writes "
+                          f"{suffixes[0].lstrip('.').upper()})")
+    parent = path.resolve().parent
+    if not parent.is_dir():
         raise OptionError(f"{option} {path}: the directory {path.parent} does not exist; create it or choose another path")
+    if not os.access(parent, os.W_OK):
+        raise OptionError(f"{option} {path}: cannot write in {path.parent} (not writable); choose another path")
+
+
+def write_output(path: Path, option: str, write) -> None:
+    """write(path), with an OS failure (a full disk, a read-only directory) as one line naming the option."""
+    try:
+        write(path)
+    except OSError as e:
+        raise OptionError(f"{option} {path}: cannot write ({e.strerror or e}); choose another path") from None
+    say(err, f"wrote {path}")
 
 
 @app.command()
@@ -409,8 +462,8 @@ def report(
         raise OptionError(f"--format {fmt}: expected one of {', '.join(REPORT_FORMATS)}")
     if html is not None and heatmap is None:
         raise OptionError("--html FILE draws the --heatmap session: add --heatmap SESSION_ID")
-    check_writable(plot, "--plot")
-    check_writable(html, "--html")
+    check_writable(plot, "--plot", (".png",))
+    check_writable(html, "--html", (".html", ".htm"))
     if heatmap is not None and html is None and fmt != "table":
         raise OptionError(f"--heatmap prints to the terminal, which --format {fmt} keeps for the report: add --html FILE")
     reading = read_and_summarize(run, baseline=baseline, probe=probe, draft_cost=draft_cost,
@@ -425,14 +478,13 @@ def report(
         print_rich(result, comparison, out)
     sys.stdout.flush()
     if plot is not None:
-        err.print(f"wrote {draw(result, plot, comparison)}", markup=False, soft_wrap=True)
+        write_output(plot, "--plot", lambda p: draw(result, p, comparison))
     if heatmap is not None:
         from .heatmap import html_page, print_terminal, session_view
 
         view = session_view(reading.run, heatmap)
         if html is not None:
-            html.write_text(html_page(view), encoding="utf-8")
-            err.print(f"wrote {html}", markup=False, soft_wrap=True)
+            write_output(html, "--html", lambda p: p.write_text(html_page(view), encoding="utf-8"))
         else:
             print_terminal(view, out)
     raise typer.Exit(code=result.verdict.exit_code)
@@ -455,11 +507,11 @@ def probe(
     check_writable(output, "--output")
     result = measure(model, context=context, k=k, device=device, dtype=dtype, repeats=repeats)
     data = probe_json(result)
-    write_json_atomic(output, data)
+    write_json_atomic(output, data, hint="free space or choose another --output")
     ms = 1e3
     roof = result.roofline
-    t = Table(title=f"{model}: batch 1, context {context}, {result.device} ({result.device_name}) {result.dtype}, "
-                    f"median of {repeats}")
+    t = Table(title=literal(f"{model}: batch 1, context {context}, {result.device} ({result.device_name}) {result.dtype}, "
+                            f"median of {repeats}"))
     for c in ("step", "measured", "per decode step", f"roofline at {roof['precision']}"):
         t.add_column(c, justify="left" if c == "step" else "right")
     t.add_row("target decode (1 token)", f"{result.target_decode.median_s * ms:.3f} ms", "1",
@@ -470,8 +522,8 @@ def probe(
         t.add_row(f"verify K={K} ({K + 1} tokens)", f"{timing.median_s * ms:.3f} ms", f"{1 + extra:.4f}  (v = {extra:+.4f})", "")
     out.print(t)
     for note in result.notes:
-        out.print(f"note: {note}", markup=False, soft_wrap=True, style="yellow" if note == CPU_NOTE else None)
-    out.print(f"wrote {output}; use it with: mtp-observe report --probe {output}", markup=False, soft_wrap=True)
+        say(out, f"note: {note}", style="yellow" if note == CPU_NOTE else None)
+    say(out, f"wrote {output}; use it with: mtp-observe report --probe {output}")
 
 
 @app.command("import")
@@ -499,41 +551,52 @@ def import_(
         if value is not None and fmt != "auto" and fmt not in readers:
             raise OptionError(f"--{option.replace('_', '-')} applies to {', '.join(readers)}; name that FORMAT instead of {fmt}")
     counts = import_files(fmt, files, output, Options(tools=tools, system_template=system_template), on_error=on_error,
-                          warn=lambda message: err.print(f"skipped: {message}", markup=False, soft_wrap=True))
+                          warn=lambda message: say(err, f"skipped: {message}"))
     for c in counts:
         notes = [c.format] + ([c.note] if c.note else []) + ([f"{len(c.skipped)} skipped"] if c.skipped else [])
         notes += [f"{n} {kind.replace('_', ' ')} dropped" for kind, n in sorted(c.dropped.items())]
-        out.print(f"{c.path}: {c.sessions} session{'s' if c.sessions != 1 else ''} ({', '.join(notes)})", markup=False, soft_wrap=True)
+        say(out, f"{c.path}: {c.sessions} session{'s' if c.sessions != 1 else ''} ({', '.join(notes)})")
     total = sum(c.sessions for c in counts)
-    out.print(f"wrote {total} sessions to {output}", markup=False, soft_wrap=True)
+    say(out, f"wrote {total} sessions to {output}")
+
+
+def _quiet_libraries() -> None:
+    """Library logging and warnings off (stderr holds our lines only): transformers reads its verbosity from
+    the environment when first imported; Python warnings (torch's UserWarnings) are ignored."""
+    import warnings
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    warnings.simplefilter("ignore")
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2."""
     debug = os.environ.get("MTP_OBSERVE_DEBUG") == "1"
+    if not debug:
+        _quiet_libraries()
     try:
         # Without standalone mode click returns a command's typer.Exit code instead of exiting.
         code = app(args=argv, standalone_mode=False, prog_name="mtp-observe")
     except UserError as e:
         if debug:
             raise
-        err.print(f"error: {e}", markup=False, soft_wrap=True)
+        say(err, f"error: {e}")
         sys.exit(e.exit_code)
     except Exception as e:
         # Click's own exceptions (typer may vendor click, so match by shape, not by class).
         kind = type(e).__name__
         if kind == "NoArgsIsHelpError":
-            out.print(e.format_message(), markup=False, soft_wrap=True)
+            out.print(literal(e.format_message(), newlines=True), soft_wrap=True)
             sys.exit(0)
         if kind == "Exit":
             sys.exit(getattr(e, "exit_code", 0))
         if kind == "Abort":
-            err.print("aborted", soft_wrap=True)
+            say(err, "aborted")
             sys.exit(130)
         if hasattr(e, "format_message") and hasattr(e, "exit_code") and not debug:
             ctx = getattr(e, "ctx", None)
             hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
-            err.print(f"error: {e.format_message()}{hint}", markup=False, soft_wrap=True)
+            say(err, f"error: {e.format_message()}{hint}")
             sys.exit(2)
         raise
     sys.exit(code if isinstance(code, int) else 0)

@@ -4,9 +4,15 @@ Every message is one line that names the thing that is wrong (a path, a line, a 
 and says how to fix it. The CLI prints it as ``error: <message>`` and exits with 2; the
 traceback is shown only when ``MTP_OBSERVE_DEBUG=1``. Internal invariants are asserts,
 never these.
+
+Messages quote what the user controls (file names, session ids, option values), which may hold
+newlines or terminal escapes: a message is made one line of visible text here, once
+(`literal.visible`: a newline in a file name reads `\n`), so no caller has to.
 """
 
 from __future__ import annotations
+
+from .literal import visible
 
 
 class UserError(Exception):
@@ -15,8 +21,7 @@ class UserError(Exception):
     exit_code = 2
 
     def __init__(self, message: str):
-        assert "\n" not in message, f"user-facing errors are one line: {message!r}"
-        super().__init__(message)
+        super().__init__(visible(message))
 
 
 class CheckpointError(UserError):

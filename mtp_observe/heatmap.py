@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow.dataset as pads
 
 from .errors import OptionError
+from .literal import literal, visible
 from .report import Run, read_dataset
 
 # Pastel red -> yellow -> green, legible under black text.
@@ -104,9 +105,10 @@ def session_view(run: Run, session_id: str) -> SessionView:
         shown = ", ".join(run.sessions[:5]) + (f", ... ({len(run.sessions)} in all)" if len(run.sessions) > 5 else "")
         raise OptionError(f"--heatmap {session_id}: no such session in {run.path} (sessions: {shown})")
     code = run.sessions.index(session_id)
+    part, stored_id = run.session_keys[code]  # the name may carry its part ('<id> [<part>]', report.py)
     status = str(run.manifest.get("status"))
-    table = read_dataset(run.path / "requests.parquet", ["request", "input_ids"], status,
-                          filter=pads.field("session_id") == session_id)
+    table = read_dataset(run.path / "requests.parquet" / part if part else run.path / "requests.parquet",
+                         ["request", "input_ids"], status, filter=pads.field("session_id") == stored_id)
     input_ids = {int(r): ids for r, ids in zip(table.column("request").to_pylist(), table.column("input_ids").to_pylist())}
     tokenizer, note = load_tokenizer(run)
 
@@ -144,7 +146,7 @@ def _legend(k: int) -> list[tuple[str, str]]:
 def print_terminal(view: SessionView, console) -> None:
     from rich.text import Text
 
-    console.print(f"session {view.session_id} — each token coloured by the accepted length at its anchor", markup=False)
+    console.print(literal(f"session {view.session_id} — each token coloured by the accepted length at its anchor"), soft_wrap=True)
     legend = Text("accepted length: ")
     for label, hex_colour in _legend(view.k):
         legend.append(f" {label} ", style=f"black on {hex_colour}")
@@ -152,14 +154,15 @@ def print_terminal(view: SessionView, console) -> None:
     legend.append(" no anchor ", style="dim")
     console.print(legend)
     if view.note:
-        console.print(f"note: {view.note}", style="yellow", markup=False)
+        console.print(literal(f"note: {view.note}", "yellow"), soft_wrap=True)
     for t in view.turns:
-        console.print(f"\n── request {t.request} · turn {t.turn} · tokens {t.start}..{t.end} · "
-                      f"mean accepted length {t.mean_accepted:.2f}", style="bold", markup=False)
+        console.print()
+        console.print(literal(f"── request {t.request} · turn {t.turn} · tokens {t.start}..{t.end} · "
+                              f"mean accepted length {t.mean_accepted:.2f}", "bold"), soft_wrap=True)
         text = Text()
         for piece in t.pieces:
             style = "dim" if piece.accepted is None else f"black on {colour(piece.accepted, view.k)}"
-            text.append(piece.text, style=style)
+            text.append(visible(piece.text, newlines=True), style=style)
         console.print(text, soft_wrap=True)
 
 

@@ -14,13 +14,14 @@ else generation_config, else vLLM's defaults). Profiles with equal parameters ar
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .checkpoint import CheckpointInfo, load_head_tensors, load_target, read_checkpoint
-from .errors import OptionError
+from .errors import CheckpointError, OptionError, RunDirectoryError
 from .mtp import MtpHead, build_head
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -115,6 +116,8 @@ class Observer:
 
     def warn(self, message: str) -> None: ...
 
+    def note(self, message: str) -> None: ...
+
 
 @dataclass(frozen=True)
 class RequestResult:
@@ -191,7 +194,26 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
         for stat in ("support", "q", "q2", "var", "ll"):
             fit[f"{stat}_{name}"] = getattr(sums, stat).cpu().numpy()
     columns = request_rows(ids, segments, plan, index, drafts.tokens, drafts.logprobs, reductions, k_max)  # 4
+    check_finite(columns)
     return columns, fit, following
+
+
+class NonFiniteOutput(ValueError):
+    """The target's or the head's outputs hold NaN or inf (the pipeline adds the session and model)."""
+
+
+def check_finite(columns: dict) -> None:
+    """Raise NonFiniteOutput when a float column of a request's rows is not finite. The columns are numpy
+    arrays already on the host (request_rows brought them there), so this adds no device sync."""
+    import numpy as np
+
+    target = ["target_logprob", "actual_logprob"] + sorted(c for c in columns if c.startswith("p_accept_"))
+    for who, names in (("the target's", target), ("the MTP head's", ["draft_logprob"])):
+        for name in names:
+            values = columns[name]
+            if not np.isfinite(values).all():
+                bad = int((~np.isfinite(values)).sum())
+                raise NonFiniteOutput(f"{who} outputs are not finite ({bad} of {len(values)} {name} values NaN or inf)")
 
 
 def replay_session(model: LoadedModel, requests, k_max: int, profiles, chunk_size: int) -> list[RequestResult]:
@@ -259,11 +281,17 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+MAX_K = 32  # a chain longer than this is accepted to its end almost never, and costs [anchors, K] memory
+
+
 def _check_options(opts: ReplayOptions) -> None:
     import re
 
     if opts.k < 1:
         raise OptionError(f"--k {opts.k}: draft depth must be at least 1")
+    if opts.k > MAX_K:
+        raise OptionError(f"--k {opts.k}: draft depth is at most {MAX_K} (acceptance at depth k is a product of k "
+                          "acceptances; engines draft 1-8)")
     if opts.chunk_size < 1:
         raise OptionError(f"--chunk-size {opts.chunk_size}: must be at least 1")
     if opts.on_error not in ("fail", "skip"):
@@ -368,8 +396,6 @@ class Ranks:
 
 def ranks_from_env(device: str) -> Ranks:
     """Join the torchrun job if there is one (WORLD_SIZE > 1): gloo on CPU, nccl on CUDA."""
-    import os
-
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return Ranks()
@@ -387,34 +413,102 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
     """Replay sessions into a run directory (PRODUCT.md's contract). Returns the run directory.
 
     Under torchrun every rank replays the sessions it owns (input index modulo world size) and
-    writes their parts; rank 0 prepares the directory, gathers counts and errors once every rank
-    has finished, and writes the manifest. Part names depend on the session alone, so a run's
-    files are the same whatever the number of ranks.
+    writes their parts; rank 0 locks and prepares the directory, gathers counts and errors once
+    every rank has finished, writes the manifest and lets go of the lock. Part names depend on the
+    session alone, so a run's files are the same whatever the number of ranks.
     """
-    from .checkpoint import tokenizer_sha256
+    from . import tables
     from .errors import UserError
-    from .sessions import input_name, resolve_inputs
+    from .sessions import check_inputs, resolve_inputs
 
     observer = observer or Observer()
     opts = ReplayOptions(**{**opts.__dict__, "profiles": tuple(opts.profiles) or default_profiles(model_dir)})
     _check_options(opts)
-    import os
-
     if any(str(f) == "-" for f in files) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise OptionError("- (standard input) reaches only one of torchrun's processes; give the sessions as a file")
     fallback, fallback_name = recorded_fallback(opts, model_dir)
     files = resolve_inputs(files)  # directories expanded, "-" (standard input) copied once, missing paths refused
+    check_inputs(files)  # every input holds a session, before any work
     device = resolve_device(opts.device)
     ranks = ranks_from_env(device)
-    out = Path(ranks.from_rank0(str(out)))  # a default --out carries rank 0's timestamp to every rank
+    given = Path(ranks.from_rank0(str(out)))  # a default --out carries rank 0's timestamp to every rank
+    # A symbolic link in --out (or above it) is followed once, here, and said: the run is written where it points.
+    linked = given.resolve() != Path(os.path.abspath(given))
+    out = given.resolve() if linked else given
     if ranks.world > 1 and device.startswith("cuda") and ":" not in device:
         device = f"cuda:{ranks.local_rank}"
     dtype = resolve_dtype(opts.dtype, device)
     info = read_checkpoint(model_dir)
 
-    # 1. The identity of this run (a resumed run must match it); rank 0 prepares the directory.
-    identity = {
-        "model": {"config_sha256": info.config_sha256, "head_tensors": info.head_names},
+    # 1. Rank 0 locks the directory, checks it (fresh, --resume or --overwrite) against this run's identity.
+    failure, manifest, lock = None, None, None
+    if ranks.rank == 0:
+        try:
+            lock = tables.RunLock(out).acquire()
+            identity = _identity(info, files, opts, dtype, device, ranks, fallback, fallback_name)
+            manifest = _start_manifest(out, opts, info, identity, bundled, ranks.world)
+        except BaseException as e:  # nothing was written: let go of the directory (and of a directory we made)
+            if lock is not None:
+                lock.release()
+            failure = e
+    shared = ranks.from_rank0(_portable(failure) if failure is not None and ranks.world > 1 else failure)
+    if failure is not None:
+        raise failure  # rank 0: the error itself
+    if shared is not None:
+        raise shared
+    if linked:
+        observer.note(f"--out {given} resolves to {out} (through a symbolic link); the run is written there")
+
+    try:
+        # 2. This rank's sessions.
+        try:
+            model = load_model(model_dir, device=device, dtype=dtype, device_map=opts.device_map)
+            result = _replay_sessions(files, out, opts, model, ranks, observer, fallback)
+        except BaseException as e:  # every rank must reach the gather below, whatever happened here
+            result = {"failure": e}
+        results = ranks.gather({k: v if k != "failure" else _portable(v) for k, v in result.items()})
+
+        # 3. Rank 0 merges every rank's counts and errors into the manifest.
+        finished = None
+        if ranks.rank == 0:
+            try:
+                _finish_manifest(out, manifest, results, files)
+            except UserError as e:
+                finished = e
+        if ranks.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+    finally:
+        if lock is not None:
+            lock.release()
+    failures = [r["failure"] for r in results if r.get("failure") is not None]
+    if "failure" in result:
+        raise result["failure"]
+    if failures:
+        raise failures[0]
+    if finished is not None:
+        raise finished
+    counts = manifest["counts"] if manifest is not None else {}
+    if ranks.rank == 0 and counts.get("sessions_ok") == 0:
+        from .errors import InputError
+
+        raise InputError(f"{out}: no session was replayed ({counts.get('sessions_skipped', 0)} skipped; the reasons "
+                         f"are under errors in {out / tables.MANIFEST}); fix the inputs, or pass others")
+    return out
+
+
+def _identity(info, files, opts: ReplayOptions, dtype, device: str, ranks: Ranks, fallback, fallback_name: str) -> dict:
+    """What a resumed run must share with the interrupted one for its rows to be the same (tables.py)."""
+    from . import __version__
+    from .checkpoint import tokenizer_sha256, weights_fingerprint
+    from .sessions import input_name
+
+    generation_config = info.path / "generation_config.json"
+    return {
+        "model": {"config_sha256": info.config_sha256, "head_tensors": info.head_names,
+                  "weights_fingerprint": weights_fingerprint(info),
+                  "generation_config_sha256": sha256_file(generation_config) if generation_config.is_file() else None},
         "tokenizer_sha256": tokenizer_sha256(info.path),
         "k": opts.k,
         "dtype": str(dtype).removeprefix("torch."),
@@ -423,40 +517,49 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
                      RECORDED: {**fallback.as_dict(), "per_session": True, "fallback": fallback_name}},
         "recorded_with": opts.recorded_with,
         "inputs": [{"path": input_name(f), "sha256": sha256_file(f)} for f in files],
-        "options": {"chunk_size": opts.chunk_size, "on_error": opts.on_error, "max_sessions": opts.max_sessions},
+        "options": {"chunk_size": opts.chunk_size, "on_error": opts.on_error, "max_sessions": opts.max_sessions,
+                    "device_map": opts.device_map},
         "rendering": opts.template.manifest() if opts.template is not None else None,
+        "tool_version": __version__,
     }
-    failure, manifest = None, None
-    if ranks.rank == 0:
-        try:
-            manifest = _start_manifest(out, opts, info, identity, bundled, ranks.world)
-        except UserError as e:
-            failure = e
-    failure = ranks.from_rank0(failure)
-    if failure is not None:
-        raise failure
 
-    # 2. This rank's sessions.
-    try:
-        model = load_model(model_dir, device=device, dtype=dtype, device_map=opts.device_map)
-        result = _replay_sessions(files, out, opts, model, ranks, observer, fallback)
-    except BaseException as e:  # every rank must reach the gather below, whatever happened here
-        result = {"failure": e}
-    results = ranks.gather({k: v if k != "failure" else _portable(v) for k, v in result.items()})
 
-    # 3. Rank 0 merges every rank's counts and errors into the manifest.
-    if ranks.rank == 0:
-        _finish_manifest(out, manifest, results, files)
-    if ranks.world > 1:
-        import torch.distributed as dist
+def _resume_difference(identity: dict, resumed: dict) -> str | None:
+    """What differs between this run and the interrupted one, for the refusal; None when nothing does."""
+    theirs_model = resumed.get("model") or {}
+    mine_model = identity["model"]
+    if theirs_model.get("weights_fingerprint") is None and resumed.get("schema_version", 1) < 2:
+        return (f"it was written by an older mtp-observe (schema_version {resumed.get('schema_version')}), which "
+                "recorded no weights fingerprint to check the checkpoint against")
+    if theirs_model.get("config_sha256") != mine_model["config_sha256"]:
+        return "the model's config.json differs"
+    if theirs_model.get("head_tensors") != mine_model["head_tensors"]:
+        return "the model's head tensors differ"
+    if theirs_model.get("weights_fingerprint") != mine_model["weights_fingerprint"]:
+        a = (theirs_model.get("weights_fingerprint") or {}).get("sha256", "?")
+        b = mine_model["weights_fingerprint"]["sha256"]
+        return (f"the model's weights differ (fingerprint {b[:12]} here, {str(a)[:12]} in the run; config.json is the "
+                "same: a fine-tune or a retrained head?)")
+    if theirs_model.get("generation_config_sha256") != mine_model["generation_config_sha256"]:
+        return "the model's generation_config.json differs (its end-of-turn ids decide the scored spans)"
+    for key, value in identity.items():
+        if key == "model":
+            continue
+        theirs = resumed.get(key)
+        if key == "inputs":
+            theirs = [{"path": i.get("path"), "sha256": i.get("sha256")} for i in resumed.get("inputs", [])]
+        elif key == "tool_version":
+            theirs = (resumed.get("tool") or {}).get("version")
+        if theirs != value:
+            return f"{key.replace('_', ' ')} differs ({_short(theirs)} in the run, {_short(value)} here)"
+    return None
 
-        dist.barrier()
-    failures = [r["failure"] for r in results if r.get("failure") is not None]
-    if "failure" in result:
-        raise result["failure"]
-    if failures:
-        raise failures[0]
-    return out
+
+def _short(value) -> str:
+    import json
+
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _portable(e: BaseException) -> BaseException:
@@ -480,17 +583,11 @@ def _start_manifest(out: Path, opts: ReplayOptions, info, identity: dict, bundle
 
     resumed = tables.prepare_run_directory(out, opts.resume, opts.overwrite)
     if resumed is not None:
-        for key, value in identity.items():
-            theirs = resumed.get(key)
-            if key == "model":
-                theirs = {k: (resumed.get("model") or {}).get(k) for k in value}
-            elif key == "inputs":
-                theirs = [{"path": i.get("path"), "sha256": i.get("sha256")} for i in resumed.get("inputs", [])]
-            if theirs != value:
-                raise RunDirectoryError(f"{out}: cannot resume, {key} differs from the interrupted run; "
-                                        "rerun with the same inputs and options, or --overwrite")
+        different = _resume_difference(identity, resumed)
+        if different is not None:
+            raise RunDirectoryError(f"{out}: cannot resume, {different}; rerun with the same checkpoint, inputs and "
+                                    "options, or --overwrite")
         tables.remove_temporaries(out)
-    out.mkdir(parents=True, exist_ok=True)
     from .target import generation_config_profile
 
     inventory = take_inventory(info)
@@ -502,7 +599,7 @@ def _start_manifest(out: Path, opts: ReplayOptions, info, identity: dict, bundle
         "created": (resumed or {}).get("created") or _now(),
         "finished": None,
         "status": "running",
-        **identity,
+        **{key: value for key, value in identity.items() if key != "tool_version"},  # tool.version holds it
         "model": {
             "path": str(info.path.resolve()), "bundled": bundled, "model_type": info.model_type,
             **identity["model"],
@@ -566,9 +663,13 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
             skip(item.index, item.path, item.line, item.session_id, item.message)
             continue
         name = tables.part_name(item.index)
+        c = None
         if name in done:
-            c = tables.part_counts(out, name)
-        else:
+            c, damaged = tables.finished_part(out, name, opts.k, item.id)
+            if c is None:  # e.g. a part cut short by a full disk or a bad copy: never kept, recomputed
+                observer.note(f"{out / tables.POSITIONS / name} (session {item.id}): {damaged}; recomputing it")
+                tables.remove_part(out, name)
+        if c is None:
             try:
                 rendered = renderer.render(item)
                 recorded, source = session_sampler(item, fallback, server_default)
@@ -577,7 +678,12 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
                     raise
                 skip(item.index, e.path, e.line, e.session_id, str(e))
                 continue
-            per_request = replay_session(model, rendered.requests, opts.k, tuple(opts.profiles) + (recorded,), opts.chunk_size)
+            try:
+                per_request = replay_session(model, rendered.requests, opts.k, tuple(opts.profiles) + (recorded,), opts.chunk_size)
+            except NonFiniteOutput as e:
+                raise CheckpointError(f"{model.info.path}: {e} in session {item.id} ({item.path}:{item.line}); the "
+                                      f"weights hold NaN/inf or overflow in {str(model.dtype).removeprefix('torch.')}: "
+                                      "check the checkpoint, or try --dtype float32") from None
             positions = tables.positions_table(item.id, [(r.index, r.columns) for r in per_request], names)
             requests = tables.requests_table(item.id, rendered.requests, [r.fit for r in per_request], names,
                                              {"source": source, **recorded.as_dict()})
@@ -597,6 +703,8 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
 
 
 def _finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> None:
+    """The final manifest: complete, or failed with the first failure. If the disk is full even for that, the
+    running manifest stays (the run resumes) and a failed run's own error is what the user sees."""
     from . import tables
 
     counts = {key: sum(r.get("counts", {}).get(key, 0) for r in results) for key in COUNT_KEYS}
@@ -615,4 +723,9 @@ def _finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> N
         fresh = sum(r["fresh_tokens"] for r in results)
         manifest.update(status="complete", finished=_now(),
                         timing={"wall_s": round(wall, 3), "tokens_per_s": round(fresh / wall, 1) if wall > 0 else None})
-    tables.write_json_atomic(out / tables.MANIFEST, manifest)
+    try:
+        tables.write_json_atomic(out / tables.MANIFEST, manifest)
+    except (OSError, RunDirectoryError) as e:
+        if failures:
+            return
+        raise e if isinstance(e, RunDirectoryError) else tables.cannot_write(out / tables.MANIFEST, e) from None

@@ -4,6 +4,9 @@ Contract: `report_tables(report, comparison)` lays the numbers out once as plain
 `print_rich` and `markdown` only draw them. `plot` writes acceptance by depth and speedup
 versus K with their bootstrap intervals (matplotlib's Agg canvas, imported on use). Nothing is
 computed here: every number comes from report.Report / report.Comparison.
+
+What the user controls (session ids, run and model paths, notes quoting them) is drawn literally:
+through `literal.literal` for rich, `literal.markdown_literal` for Markdown (every line and cell).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .metrics import CALIBRATION_TOLERANCE, Z_MAX
+from .literal import literal, markdown_literal
 from .report import Comparison, Delta, Report, Slice
 
 MAX_SESSIONS_SHOWN = 20  # the session table shows the lowest-τ_sim sessions; JSON has them all
@@ -258,36 +262,40 @@ def print_rich(report: Report, comparison: Comparison | None, console) -> None:
     from rich.table import Table
 
     for line in header_lines(report, comparison):
-        console.print(line, markup=False, soft_wrap=True)
+        console.print(literal(line), soft_wrap=True)
     for t in report_tables(report, comparison):
         groups = column_groups(t.columns, t.rows, console.width)
         for n, group in enumerate(groups):
             last = n == len(groups) - 1
             title = t.title if n == 0 else f"{t.title} (continued)"
-            table = Table(title=title, caption=(t.caption or None) if last and len(groups) == 1 else None, title_justify="left")
+            caption = (t.caption or None) if last and len(groups) == 1 else None
+            table = Table(title=literal(title), caption=literal(caption) if caption else None, title_justify="left")
             for i in group:
-                table.add_column(t.columns[i], justify="left" if i == 0 else "right", no_wrap=True)
+                table.add_column(literal(t.columns[i]), justify="left" if i == 0 else "right", no_wrap=True)
             for row in t.rows:
-                table.add_row(*[row[i] for i in group])
+                table.add_row(*[literal(row[i]) for i in group])
             console.print(table)
         if len(groups) > 1 and t.caption:  # the whole width, not the last part's
-            console.print(t.caption, style="dim", markup=False)
+            console.print(literal(t.caption, "dim"))
     for note in report.notes:
-        console.print(f"note: {note}", markup=False, soft_wrap=True, style="yellow")
+        console.print(literal(f"note: {note}", "yellow"), soft_wrap=True)
     colour = {"GO": "bold green", "NO-GO": "bold red", "UNRELIABLE": "bold yellow"}[report.verdict.status]
-    console.print(verdict_line(report), style=colour, markup=False, soft_wrap=True)
+    console.print(literal(verdict_line(report), colour), soft_wrap=True)
 
 
 def markdown(report: Report, comparison: Comparison | None = None) -> str:
     """GitHub-flavoured Markdown, e.g. for $GITHUB_STEP_SUMMARY."""
     v = report.verdict
+    md = markdown_literal
+    # Titles, columns and captions are this module's own text; header lines (paths), notes and cells (session
+    # ids) carry the user's. The verdict line is a code span: a parsed gate and numbers only.
     out = [f"## mtp-observe: **{v.status}**", "", f"`{verdict_line(report)}`", ""]
-    out += [f"- {line}" for line in header_lines(report, comparison)]
-    out += [f"- note: {n}" for n in report.notes]
+    out += [f"- {md(line)}" for line in header_lines(report, comparison)]
+    out += [f"- {md('note: ' + n)}" for n in report.notes]
     for t in report_tables(report, comparison):
         out += ["", f"### {t.title}", "", "| " + " | ".join(t.columns) + " |",
                 "|" + "|".join(":---" if i == 0 else "---:" for i in range(len(t.columns))) + "|"]
-        out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in t.rows]
+        out += ["| " + " | ".join(md(c) for c in row) + " |" for row in t.rows]
         if t.caption:
             out += ["", f"_{t.caption}_"]
     return "\n".join(out) + "\n"

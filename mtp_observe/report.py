@@ -2,8 +2,12 @@
 
 Contract:
     load_run(path) -> Run            reads a run directory of schema_version 1 or 2 (tables.py) and
-                                     refuses anything else in one line (RunDirectoryError); a version-1
-                                     run is read with a note per thing it lacks
+                                     refuses anything else in one line (RunDirectoryError): a complete
+                                     run must agree with its manifest's counts, probabilities must lie in
+                                     [0, 1] and log-probabilities at or below 0 (float slack: PROB_SLACK,
+                                     LOGPROB_SLACK); a session is one (part file, session_id), so two
+                                     sessions that share an id are never merged; a version-1 run is read
+                                     with a note per thing it lacks
     newest_run(root) -> Path         the run `mtp-observe report` reads when given none
     resolve_cost(run, ...) -> Cost   the speedup denominator: --probe, else --draft-cost, else roofline
     summarize(run, cost, ...) -> Report
@@ -72,6 +76,11 @@ CONTEXT_BINS = ((0, 4096, "0-4k"), (4096, 16384, "4k-16k"), (16384, 32768, "16k-
                 (65536, None, "64k+"))  # [lo, hi) of the anchor position p
 FIT_STATS = ("support", "q", "q2", "var", "ll")
 PROBE_VERSION = 1  # the "probe_version" probe.json carries (written by probe.py)
+MAX_REPLICATES = 100_000  # bootstrap weights are [replicates, sessions] float64: past this, memory, not accuracy
+# Rounding the replay can leave in a correct value: a float32 log-softmax of a near-certain token is
+# logit - logsumexp with both ~|50| (relative error 6e-8 each); sampler probabilities are float32 softmaxes.
+LOGPROB_SLACK = 1e-4
+PROB_SLACK = 1e-5
 
 # ---------------------------------------------------------------------------------------------
 # 1. Reading a run directory
@@ -118,6 +127,7 @@ class Run:
     profiles: tuple[str, ...]  # sampling profiles, run.json order (p_accept_<profile>)
     sessions: tuple[str, ...]  # session ids with scored rows, in input order
     segments: tuple[str, ...]  # segment names; Rows.segment indexes this
+    session_keys: tuple[tuple[str, str], ...]  # (part file name, or "" for a single-file table; session_id) per session
     rows: Rows
     spans: Spans
     accepted_len: np.ndarray  # [A] int64  accepted length at each anchor, in row order (= span order)
@@ -131,19 +141,29 @@ class Run:
         return self.version >= 2
 
 
+PART = "__part"  # a column read_dataset adds on request: each row's part file name ("" for a single-file table)
+
+
 def read_dataset(path: Path, columns: list[str], status: str, filter=None) -> pa.Table:
-    """A Parquet dataset path (one file or a directory of parts; dot-prefixed files are skipped)."""
+    """A Parquet dataset path (one file or a directory of parts; dot-prefixed files are skipped). The column
+    PART, when asked for, is a dictionary column of the part file names, read as the scanner's fragment index."""
     if not path.exists():
         raise _run_error(path, "missing; the run directory is incomplete (re-run `mtp-observe replay`)")
     try:
         dataset = pads.dataset(str(path), format="parquet")
         if not dataset.files:
             raise _run_error(path, f"holds no Parquet parts (run status: {status}); nothing has been written yet")
-        missing = [c for c in columns if c not in dataset.schema.names]
+        missing = [c for c in columns if c not in dataset.schema.names and c != PART]
         if missing:
             raise _run_error(path, f"has no column(s) {', '.join(missing)}; it was not written with this run's "
                                    "schema (re-run replay)")
-        return dataset.to_table(columns=columns, filter=filter)
+        if PART not in columns:
+            return dataset.to_table(columns=columns, filter=filter)
+        table = dataset.to_table(columns=[c if c != PART else "__fragment_index" for c in columns], filter=filter)
+        names = [Path(f).name for f in dataset.files] if path.is_dir() else [""] * len(dataset.files)
+        index = table.column("__fragment_index").combine_chunks()
+        parts = pa.DictionaryArray.from_arrays(index, pa.array(names, pa.string()))
+        return table.set_column(table.schema.get_field_index("__fragment_index"), PART, parts)
     except (pa.ArrowException, OSError) as e:
         raise _run_error(path, f"cannot be read as Parquet ({_one_line(e)}); the run directory is damaged") from None
 
@@ -156,24 +176,30 @@ def load_run(path: str | Path) -> Run:
     profiles = tuple(manifest.get("sampling", {}))
     status = str(manifest.get("status", "unknown"))
     version = int(manifest["schema_version"])
+    counts = manifest.get("counts") if isinstance(manifest.get("counts"), dict) else {}
     notes: list[str] = []
     if status != "complete":
         notes.append(f"run status is {status!r}: the report covers the sessions written so far")
+    elif counts.get("sessions_ok") == 0:
+        raise _run_error(path / "run.json", f"the run replayed no session ({counts.get('sessions_skipped', 0)} skipped; "
+                                            "the reasons are under errors in run.json): there is nothing to report")
     if version < 2:
         notes.append("schema_version 1 run: no recording-sampler sums, so only greedy traffic can be recognised "
                      "(the on-policy rate); re-run replay for sampled traffic")
         notes.append("schema_version 1 run: its profiles have no penalties or min-p, and no what-if estimates "
                      "(they need the sampler sums); re-run replay for them")
 
-    # 1. positions.parquet -> arrays, sorted by (session, request, pos, depth)
+    # 1. positions.parquet -> arrays, sorted by (session, request, pos, depth); a session is (part, session_id)
     positions_path = path / "positions.parquet"
     columns = ["session_id", "request", "pos", "depth", "segment", "draft_token", "actual_token", "target_token",
-               "match", "accepted"] + [f"p_accept_{p}" for p in profiles]
+               "match", "accepted", "draft_logprob", "target_logprob", "actual_logprob"] + \
+               [f"p_accept_{p}" for p in profiles] + [PART]
     table = read_dataset(positions_path, columns, status)
     if table.num_rows == 0:
         raise _run_error(positions_path, "has no rows: the run scored no assistant tokens, so there is nothing to report")
-    session_ids = table.column("session_id").to_pandas()
-    session_codes, sessions = _factorize(session_ids)
+    session_codes, session_keys = _session_keys(table)
+    sessions = _session_names(session_keys, notes)
+    _check_ranges(table, profiles, positions_path)
     segment_col = table.column("segment").to_pandas().astype("category")
     names = list(segment_col.cat.categories.astype(str))
     segments = tuple(SEGMENTS + sorted(n for n in names if n not in SEGMENTS))
@@ -224,9 +250,9 @@ def load_run(path: str | Path) -> Run:
 
     # 3. requests.parquet -> spans of the sessions that have rows; every anchor in exactly one span
     requests_path = path / "requests.parquet"
-    req = read_dataset(requests_path, ["session_id", "request", "spans", "n_tokens"]
+    req = read_dataset(requests_path, ["session_id", "request", "n_tokens", "spans", PART]
                        + (["fit", "recorded_sampling"] if version >= 2 else []), status)
-    spans = _flatten_spans(req, sessions, requests_path, notes, profiles, read_fit=version >= 2)
+    spans = _flatten_spans(req, session_keys, sessions, requests_path, notes, profiles, read_fit=version >= 2)
     a_session, a_request, a_pos = session[first], request[first], pos[first]
     span_index = _assign_spans(a_session, a_request, a_pos, spans)
     if (span_index < 0).any():
@@ -247,24 +273,34 @@ def load_run(path: str | Path) -> Run:
         raise _run_error(positions_path, f"session {sessions[a_session[bad]]} request {a_request[bad]} anchor {a_pos[bad]} "
                          f"has rows at depths 1..{depths_drafted[bad]}, expected 1..{evaluable[bad]} (min(k, e - p)); "
                          "the file is incomplete, re-run replay")
+    if status == "complete":
+        _check_counts(path / "run.json", counts, req, table, requests_path, positions_path)
     rows = Rows(
         session=session, request=request, pos=pos, depth=depth, segment=segment, turn=spans.turn[span_index][anchor],
         accepted=accepted, on_path=on_path, on_policy=on_policy, p_accept=p_accept, draft_token=draft_token, anchor=anchor,
     )
-    own, longest = _session_facts(req, sessions, version)
+    own, longest = _session_facts(req, session_keys, version)
     return Run(path=path, manifest=manifest, k=K, profiles=profiles, sessions=sessions, segments=segments,
-               rows=rows, spans=spans, accepted_len=accepted_len, notes=tuple(notes), version=version,
-               own_sampler=own, longest=longest)
+               session_keys=session_keys, rows=rows, spans=spans, accepted_len=accepted_len, notes=tuple(notes),
+               version=version, own_sampler=own, longest=longest)
 
 
-def _session_facts(requests: pa.Table, sessions: tuple[str, ...], version: int) -> tuple[np.ndarray, np.ndarray]:
+def _request_sessions(requests: pa.Table, session_keys: tuple[tuple[str, str], ...]) -> np.ndarray:
+    """[n] the session code of each requests.parquet row (by its (part, session_id) key), -1 for a session
+    without rows in positions.parquet."""
+    index = {key: i for i, key in enumerate(session_keys)}
+    part_index, names = _part_of_rows(requests)
+    ids = requests.column("session_id").to_pylist()
+    return np.array([index.get((names[p], s), -1) for p, s in zip(part_index.tolist(), ids)], dtype=np.int64)
+
+
+def _session_facts(requests: pa.Table, session_keys: tuple[tuple[str, str], ...], version: int) -> tuple[np.ndarray, np.ndarray]:
     """([S] the session was scored with its own meta.sampling, [S] its longest request's tokens)."""
-    index = {s: i for i, s in enumerate(sessions)}
-    code = np.array([index.get(s, -1) for s in requests.column("session_id").to_pylist()], dtype=np.int64)
+    code = _request_sessions(requests, session_keys)
     keep = code >= 0
-    longest = np.zeros(len(sessions), dtype=np.int64)
+    longest = np.zeros(len(session_keys), dtype=np.int64)
     np.maximum.at(longest, code[keep], requests.column("n_tokens").to_numpy(zero_copy_only=False).astype(np.int64)[keep])
-    own = np.zeros(len(sessions), dtype=bool)
+    own = np.zeros(len(session_keys), dtype=bool)
     if version >= 2:
         source = requests.column("recorded_sampling").combine_chunks().field("source").to_pylist()
         np.logical_or.at(own, code[keep], np.array([x == "session" for x in source], dtype=bool)[keep])
@@ -279,15 +315,85 @@ def _factorize(values) -> tuple[np.ndarray, tuple[str, ...]]:
     return codes.astype(np.int64), tuple(str(u) for u in uniques)
 
 
-def _flatten_spans(requests: pa.Table, sessions: tuple[str, ...], where: Path, notes: list[str],
-                   profiles: tuple[str, ...], read_fit: bool) -> Spans:
+def _part_of_rows(table: pa.Table) -> tuple[np.ndarray, list[str]]:
+    """([n] int64 index of each row's part, the part names) from read_dataset's PART column."""
+    parts = table.column(PART).combine_chunks()
+    return parts.indices.to_numpy(zero_copy_only=False).astype(np.int64), parts.dictionary.to_pylist()
+
+
+def _session_keys(table: pa.Table) -> tuple[np.ndarray, tuple[tuple[str, str], ...]]:
+    """Rows -> (session code [n] int64 by first appearance, (part, session_id) of each session). This tool writes one
+    part per session; keying by the pair keeps apart two sessions that share an id (runs of schema_version 1)."""
+    import pandas as pd
+
+    part_index, names = _part_of_rows(table)
+    id_codes, ids = pd.factorize(table.column("session_id").to_pandas(), sort=False)
+    width = len(ids) + 1
+    codes, pairs = pd.factorize(part_index * width + id_codes, sort=False)
+    keys = tuple((str(names[p // width]), str(ids[p % width])) for p in pairs)
+    return codes.astype(np.int64), keys
+
+
+def _session_names(keys: tuple[tuple[str, str], ...], notes: list[str]) -> tuple[str, ...]:
+    """What each session is called: its id, or '<id> [<part>]' for an id that more than one part holds."""
+    from collections import Counter
+
+    repeated = Counter(sid for _, sid in keys)
+    shared = sorted(sid for sid, n in repeated.items() if n > 1)
+    if shared:
+        notes.append(f"{len(shared)} session id(s) appear in more than one part (e.g. {shared[0]!r}: a run written before "
+                     "ids were unique within a run); those sessions are reported apart as '<id> [<part>]'")
+    return tuple(f"{sid} [{part}]" if repeated[sid] > 1 else sid for part, sid in keys)
+
+
+def _check_ranges(table: pa.Table, profiles: tuple[str, ...], where: Path) -> None:
+    """Probabilities in [0, 1] and log-probabilities <= 0 (within the rounding slack); NaN and inf are outside."""
+    bounds = [(c, -np.inf, LOGPROB_SLACK) for c in ("draft_logprob", "target_logprob", "actual_logprob")]
+    bounds += [(f"p_accept_{p}", -PROB_SLACK, 1 + PROB_SLACK) for p in profiles]
+    for name, lo, hi in bounds:
+        values = table.column(name).to_numpy(zero_copy_only=False)
+        outside = ~((values >= lo) & (values <= hi)) | np.isinf(values)
+        if outside.any():
+            i = int(np.flatnonzero(outside)[0])
+            lo_text = "-inf" if lo == -np.inf else f"{lo:g}"
+            raise _run_error(where, f"{name} has {int(outside.sum())} value(s) outside [{lo_text}, {hi:g}] (the first: "
+                                    f"{values[i]!r} in session {table.column('session_id')[i].as_py()}); the run "
+                                    "directory is damaged, re-run replay")
+
+
+def _check_counts(manifest_path: Path, counts: dict, requests: pa.Table, positions: pa.Table, requests_path: Path,
+                  positions_path: Path) -> None:
+    """A complete run holds what its manifest counted: a part deleted, added or cut since is one line."""
+    spans = requests.column("spans").combine_chunks().flatten()
+    depth = positions.column("depth").to_numpy(zero_copy_only=False)
+    part_index, _ = _part_of_rows(requests)
+    keys = set(zip(part_index.tolist(), requests.column("session_id").to_pylist()))
+    actual = {
+        "sessions_ok": (len(keys), "the run holds", "session" if len(keys) == 1 else "sessions"),
+        "requests": (requests.num_rows, f"{requests_path.name} holds", "requests"),
+        "tokens_replayed": (int(np.sum(requests.column("n_tokens").to_numpy(zero_copy_only=False))),
+                            f"{requests_path.name} holds", "tokens"),
+        "scored_tokens": (int(np.sum(spans.field("end").to_numpy(zero_copy_only=False) -
+                                     spans.field("start").to_numpy(zero_copy_only=False) + 1)),
+                          f"{requests_path.name} spans hold", "scored tokens"),
+        "anchors": (int((depth == 1).sum()), f"{positions_path.name} holds", "anchors"),
+        "rows": (positions.num_rows, f"{positions_path.name} holds", "rows"),
+    }
+    for key, (value, where, what) in actual.items():
+        expected = counts.get(key)
+        if isinstance(expected, int) and not isinstance(expected, bool) and expected != value:
+            raise _run_error(manifest_path, f"counts.{key} is {expected} but {where} {value} {what}; the run directory "
+                                            "changed after the replay wrote it (a part deleted, added or cut?): re-run replay")
+
+
+def _flatten_spans(requests: pa.Table, session_keys: tuple[tuple[str, str], ...], sessions: tuple[str, ...], where: Path,
+                   notes: list[str], profiles: tuple[str, ...], read_fit: bool) -> Spans:
     """Spans sorted by (session, request, start), with their fit sums (zeros without read_fit: a version-1 run)."""
     spans_col = requests.column("spans").combine_chunks()
     lengths = spans_col.value_lengths().fill_null(0).to_numpy().astype(np.int64)
     flat = spans_col.flatten()
-    index = {s: i for i, s in enumerate(sessions)}
-    request_session = np.array([index.get(s, -1) for s in requests.column("session_id").to_pylist()], np.int64)
     session_ids = requests.column("session_id").to_pylist()
+    request_session = _request_sessions(requests, session_keys)
     left_out = {s for s, c, n in zip(session_ids, request_session, lengths) if c < 0 and n > 0}
     if left_out:
         notes.append(f"{len(left_out)} session(s) of {where.name} have scored spans but no rows in positions.parquet "
@@ -304,8 +410,8 @@ def _flatten_spans(requests: pa.Table, sessions: tuple[str, ...], where: Path, n
         if not np.array_equal(fit_col.value_lengths().fill_null(0).to_numpy(), lengths):
             raise _run_error(where, "fit has not one entry per span in some request; the file is corrupt, re-run replay")
         fit_flat = fit_col.flatten()
-        names = {f.name for f in fit_flat.type}
-        missing = [f"{stat}_{p}" for p in profiles for stat in FIT_STATS if f"{stat}_{p}" not in names]
+        fields = {f.name for f in fit_flat.type}
+        missing = [f"{stat}_{p}" for p in profiles for stat in FIT_STATS if f"{stat}_{p}" not in fields]
         if missing:
             raise _run_error(where, f"fit has no {missing[0]}; it was not written with this run's profiles (re-run replay)")
         fit_tokens = fit_flat.field("tokens").to_numpy(zero_copy_only=False).astype(np.int64)
@@ -1102,8 +1208,10 @@ def read_and_summarize(
     """What `mtp-observe report` computes. The run defaults to the newest under root. An explicit cost
     (--probe, --draft-cost) applies to the baseline too, so differences come from acceptance alone;
     otherwise each run uses its own roofline. --recorded-with applies to the current run only."""
-    if replicates < 1:
-        raise OptionError(f"--replicates {replicates}: expected at least 1 bootstrap resample")
+    if not 1 <= replicates <= MAX_REPLICATES:
+        raise OptionError(f"--replicates {replicates}: expected 1 to {MAX_REPLICATES:,} bootstrap resamples")
+    if seed < 0:
+        raise OptionError(f"--seed {seed}: expected an integer >= 0")
     if not 0.0 <= min_support <= 1.0:
         raise OptionError(f"--min-support {min_support}: expected a rate between 0 and 1")
     run = load_run(path if path is not None else newest_run(root))

@@ -7,16 +7,27 @@ A session is validated and normalised here — roles, text-only content, reasoni
 the nearest preceding call — so rendering can trust it. Nothing here knows about tokenizers.
 
 Canonical input (SESSIONS.md), each line one of:
-  1. a session       {"id"?, "messages": [...], "tools"?: [...], "meta"?: {...}}   id defaults to "<stem>:<line>"
-  2. a message       {"role": ...}   the whole file is then one session, id = file stem
+  1. a session       {"id"?, "messages": [...], "tools"?: [...], "meta"?: {...}}   id defaults to "<label>:<line>"
+  2. a message       {"role": ...}   the whole file is then one session, id = <label>
   3. token-level     {"id"?, "prompt_token_ids": [...], "completion_token_ids": [...]}
                      or {"id"?, "requests": [{"prompt_token_ids", "completion_token_ids"}, ...]}
+                     (at least one prompt token and two completion tokens per request: anchor p
+                     drafts from the head's row p-1, and a one-token completion has nothing to draft)
 
 Inputs (`resolve_inputs`): files, `.gz` files (read through gzip, told by their magic bytes),
 directories (every `*.jsonl` / `*.jsonl.gz` below them, recursively, in sorted order) and `-`
 for standard input (copied once to a temporary file, so a replay can hash and re-read it; it is
 named `-` in every message and the manifest, and its default ids start with `stdin`).
 
+Session identity: ids are unique within one read (a run). A file's <label> is the shortest
+trailing part of its path, ending in its stem, that no other input shares (`path_labels`):
+`sessions` alone, `monday/sessions` and `tuesday/sessions` for two files of that name. A
+repeated id — the same explicit id in two records, or the same file given twice — is refused
+naming both places (file:line and file:line), or skipped and recorded under on_error="skip";
+`import` applies the same rule (`SessionIds`). Refusing rather than renaming: a repeat is most
+often the same session given twice, and replaying it twice would count it twice in every rate.
+
+An input with no sessions at all (empty, or only blank lines) is refused (`check_inputs`).
 Every error is one line naming the file, the line, the session id and the fix.
 """
 
@@ -32,6 +43,7 @@ import shutil
 import sys
 import tempfile
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -219,6 +231,12 @@ def _token_requests(record: dict) -> tuple[TokenRequest, ...]:
         completion = _token_ids(item.get("completion_token_ids"), f"{w} completion_token_ids")
         if not completion:
             raise ValueError(f"{w} has no completion tokens to score")
+        if not prompt:
+            raise ValueError(f"{w} has no prompt tokens: its first completion token has no position before it to be "
+                             "drafted from (anchor p reads the head's row p-1); give the prompt, at least one token")
+        if len(completion) == 1:
+            raise ValueError(f"{w} has one completion token, which leaves nothing to draft (a draft is of the token "
+                             "after an emitted one); give at least two completion tokens, or drop the record")
         out.append(TokenRequest(prompt, completion))
     return tuple(out)
 
@@ -377,19 +395,111 @@ def _lone_surrogate(value) -> str | None:
     return None
 
 
+def path_labels(paths: Iterable[str | Path], stem=lambda p: p.stem) -> dict[str, str]:
+    """{path as given: label}: the shortest trailing part of each input's path, ending in its stem, that no
+    other input's path ends in; with the file name (suffix kept) instead of the stem where stems alone cannot
+    tell two files apart. Depends on the set of inputs only, not on their order. Paths naming the same file
+    (however written) share a label, so its sessions repeat their ids. Worked example:
+        a/x/s.jsonl, b/x/s.jsonl, c/t.jsonl, c/t.json  ->  a/x/s, b/x/s, t.jsonl, t.json
+        sessions/day1.jsonl alone                        ->  day1
+    """
+    given = list(dict.fromkeys(str(p) for p in paths))
+    same_file: dict[str, str] = {}  # given -> the first given path of its file
+    first_of: dict[str, str] = {}
+    for g in given:
+        try:
+            key = str(Path(g).resolve())
+        except (OSError, RuntimeError):
+            key = os.path.abspath(g)
+        same_file[g] = first_of.setdefault(key, g)
+    files = list(dict.fromkeys(same_file.values()))
+    parts = {f: Path(os.path.abspath(f)).parts for f in files}
+
+    def label(f: str, depth: int, last: str) -> str:
+        return "/".join(parts[f][-depth - 1 : -1] + (last,))
+
+    chosen: dict[str, str] = {}
+    for mode in ("stem", "name"):
+        pending = [f for f in files if f not in chosen]
+        last = {f: stem(Path(f)) if mode == "stem" else Path(f).name for f in pending}
+        for depth in range(0, max((len(parts[f]) for f in pending), default=0)):
+            candidates = {f: label(f, depth, last[f]) for f in pending if f not in chosen and depth < len(parts[f])}
+            counts = Counter(label(f, depth, last[f]) for f in pending if depth < len(parts[f]))
+            for f, text in candidates.items():
+                if counts[text] == 1:
+                    chosen[f] = text
+    for f in files:  # two names for one file that resolve apart only by the filesystem (a hard link): the path
+        chosen.setdefault(f, os.path.abspath(f))
+    repeated = Counter(chosen.values())
+    for f in files:
+        if repeated[chosen[f]] > 1:
+            chosen[f] = os.path.abspath(f)
+    return {g: chosen[same_file[g]] for g in given}
+
+
+class SessionIds:
+    """The session ids of one run so far, and where each came from: a repeat is refused naming both places."""
+
+    def __init__(self):
+        self.first: dict[str, str] = {}  # id -> "file:line" of its first session
+
+    def repeat(self, session_id: str, where: str) -> str | None:
+        """None for a new id (now recorded); for a repeated one, the message naming the first place."""
+        first = self.first.get(session_id)
+        if first is None:
+            self.first[session_id] = where
+            return None
+        return (f"repeats the id of the session at {first} (ids are unique within a run: is a file given twice?); "
+                "give the sessions distinct ids, or pass each file once")
+
+
+def check_inputs(paths: Iterable[str | Path], missing_ok: bool = False) -> None:
+    """Every input is a file with at least one non-blank line, before any work is done on any of them
+    (missing_ok: a path that is not a file is left for the caller to report)."""
+    for p in paths:
+        path = Path(p)
+        if str(p) == STDIN or path.is_dir():
+            continue  # standard input and directories are checked as they are read (resolve_inputs, read_sessions)
+        if not path.is_file():
+            if missing_ok:
+                continue
+            raise InputError(f"{path}: no such file; pass JSONL session files (e.g. sessions/*.jsonl)")
+        if not _has_a_record(path):
+            raise InputError(f"{input_name(path)}: holds no sessions (the file is empty or only blank lines); remove it from the inputs")
+
+
+def _has_a_record(path: Path) -> bool:
+    try:
+        with open_binary(path) as f:
+            return any(line.strip() for line in f)
+    except GZIP_ERRORS:
+        return True  # a damaged .gz: read_sessions says what is wrong with it, at its line
+    except OSError as e:
+        raise InputError(f"{path}: cannot open ({e.strerror}); check the path")
+
+
 def read_sessions(paths: Iterable[str | Path], on_error: str = "fail") -> Iterator[Session | Skipped]:
     """Stream sessions from JSONL files in order (`resolve_inputs`: .gz, directories and "-" too).
     on_error: "fail" raises; "skip" yields Skipped and goes on."""
     assert on_error in ON_ERROR, on_error
+    paths = resolve_inputs(paths)
+    labels = path_labels(paths, stem=input_stem)
+    ids = SessionIds()
     index = 0
-    for path in resolve_inputs(paths):
+    for path in paths:
         lines = _json_lines(path)
         first = next(lines, None)
         if first is None:
-            continue
+            raise InputError(f"{input_name(path)}: holds no sessions (the file is empty or only blank lines); remove it from the inputs")
+        label = labels[str(path)]
         message_file = isinstance(first[1], dict) and "role" in first[1] and "messages" not in first[1]
-        stream = _message_file(path, first, lines, index) if message_file else _record_file(path, first, lines, index)
+        stream = (_message_file(path, first, lines, index, label) if message_file
+                  else _record_file(path, first, lines, index, label))
         for item in stream:
+            if isinstance(item, Session):
+                repeated = ids.repeat(item.id, f"{item.path}:{item.line}")
+                if repeated is not None:
+                    item = SessionError(item.path, item.line, item.id, repeated)
             if isinstance(item, SessionError):
                 if on_error == "fail":
                     raise item
@@ -398,41 +508,41 @@ def read_sessions(paths: Iterable[str | Path], on_error: str = "fail") -> Iterat
             yield item
 
 
-def _record_file(path: Path, first, lines, start_index: int):
+def _record_file(path: Path, first, lines, start_index: int, label: str):
     index = start_index
     for n, record in _chain(first, lines):
         if isinstance(record, SessionError):
             yield record
         else:
             try:
-                yield parse_record(record, path=input_name(path), line=n, index=index, stem=input_stem(path))
+                yield parse_record(record, path=input_name(path), line=n, index=index, stem=label)
             except SessionError as e:
                 yield e
         index += 1
 
 
-def _message_file(path: Path, first, lines, index: int):
-    """A file of message lines is one session (id = file stem); any bad line invalidates it."""
+def _message_file(path: Path, first, lines, index: int, label: str):
+    """A file of message lines is one session (id = the file's label); any bad line invalidates it."""
     raw: list = []
     line_of: list[int] = []
     for n, record in _chain(first, lines):
         if isinstance(record, SessionError):
-            yield SessionError(record.path, record.line, input_stem(path), record.what)
+            yield SessionError(record.path, record.line, label, record.what)
             return
         if not isinstance(record, dict) or "role" not in record:
-            yield SessionError(input_name(path), n, input_stem(path), "a non-message line in a message-per-line file; one message per line, each with a role")
+            yield SessionError(input_name(path), n, label, "a non-message line in a message-per-line file; one message per line, each with a role")
             return
         raw.append(record)
         line_of.append(n)
     try:
         messages = normalise_messages(raw)
     except MessageError as e:
-        yield SessionError(input_name(path), line_of[e.index], input_stem(path), str(e))
+        yield SessionError(input_name(path), line_of[e.index], label, str(e))
         return
     except ValueError as e:
-        yield SessionError(input_name(path), first[0], input_stem(path), str(e))
+        yield SessionError(input_name(path), first[0], label, str(e))
         return
-    yield Session(input_stem(path), input_name(path), first[0], index, tuple(messages))
+    yield Session(label, input_name(path), first[0], index, tuple(messages))
 
 
 def _chain(first, rest):

@@ -5,6 +5,7 @@ Contract (PRODUCT.md): a run directory holds
     run.json            the manifest (keys below)
     requests.parquet    one row per replayed request
     positions.parquet   one row per (anchor, depth)
+    .mtp-observe.lock   while a replay writes it: the lock file (below); removed when the replay ends
 
 Both Parquet paths are datasets: a single file or a directory of part files. This tool
 writes directories of parts, one part per session and table, named
@@ -22,13 +23,16 @@ each session was scored with (`recorded_sampling`), the profiles' penalties and 
 `model.max_position_embeddings`, `model.rope_scaling`; the report reads version 1 and says what it lacks.
 
 run.json keys:
-    schema_version      2 (version-1 runs are read too; they lack the keys marked "v2")
+    schema_version      2 (version-1 runs are read too; they lack the keys marked "v2": among them
+                        model.weights_fingerprint, model.generation_config_sha256, options.device_map)
     tool                {"name": "mtp-observe", "version": str}
     created, finished   ISO-8601 UTC strings (finished null while running)
     status              "running" | "complete" | "failed"
     model               {"path", "bundled": bool, "model_type", "config_sha256", "head_tensors": [names],
                          "numerics": what the weights were computed in (e.g. "fp8 e4m3 weights (128x128 blocks,
                                      q * weight_scale_inv) dequantised to bfloat16"; added in schema 2),
+                         "weights_fingerprint": {"method", "sha256", "bytes", "files", ...}  (checkpoint.py; v2),
+                         "generation_config_sha256": str | null  (v2),
                          "roofline": {"precision", "head_bytes", "lm_head_bytes", "target_bytes", "draft_cost",
                                       "head_step_bytes", "target_step_bytes" (batch-1 step bytes: routed experts
                                       at top-k / E; added in schema 2)},
@@ -49,7 +53,7 @@ run.json keys:
     inputs              [{"path", "sha256", "sessions"}]   path "-" for standard input (its sha256 is of what was read)
     rendering           v2: null, or {"chat_template": {"path", "sha256"} | null, "template_kwargs": {...}}: what
                         --chat-template / --template-kwargs replaced (part of the run's identity: --resume needs the same)
-    options             {"chunk_size", "on_error", "max_sessions", ...}
+    options             {"chunk_size", "on_error", "max_sessions", "device_map", ...}
     counts              {"sessions_ok", "sessions_skipped", "requests", "tokens_replayed",
                          "scored_tokens", "anchors", "rows", "max_request_tokens"}
     versions            {"python", "torch", "transformers"}
@@ -65,12 +69,31 @@ requests.parquet columns added in version 2:
                         recorded prefix (ACCEPTANCE.md, "The recording sampler")
     recorded_sampling   struct: "source" ("session": its meta.sampling, or the fallback named in
                         run.json sampling.recorded) and the seven parameters the `recorded` profile used
+
+`replay --resume` continues a run only when model (config, head tensors, weights fingerprint,
+generation config), tokenizer, k, dtype, device, sampling, inputs (path and sha256), options
+and the tool version all equal the interrupted run's.
+
+What this tool writes, and so all `--overwrite` removes (`prepare_run_directory`): run.json (an
+mtp-observe manifest), its temporaries `.run.json.tmp-<pid>`, requests.parquet/ and
+positions.parquet/ holding only `part-<8 digits>[-r<rank>].parquet` and their temporaries
+`.part-....parquet.tmp-<pid>`, and the lock file. Anything else — a hidden file, a foreign file
+in a table directory, another tool's run.json, any symbolic link — is refused, naming it, before
+anything is deleted; deleting unlinks those names and removes the two emptied directories, never
+following a link.
+
+The lock (`RunLock`): `fcntl.flock` on `.mtp-observe.lock`, taken by replay (rank 0 under torchrun)
+before the directory is checked and held until the manifest is final; a second replay, --resume or
+--overwrite on the directory is refused naming the holder (pid, host, start, written in the file).
+The kernel releases the lock when its process dies, so a lock file left by a killed replay (its pid
+dead) does not block: the file's content only names the holder, the flock is what locks.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -135,22 +158,48 @@ def part_name(session_index: int, rank: int | None = None) -> str:
     return f"part-{session_index:08d}" + (f"-r{rank}" if rank is not None else "") + ".parquet"
 
 
+RESUME_HINT = "free space on that disk (or make it writable), then continue with the same command and --resume"
+
+
+def cannot_write(path: Path, e: OSError, hint: str = RESUME_HINT) -> RunDirectoryError:
+    """An OS failure writing `path` (a full disk, a file-size limit, a read-only directory) as one line."""
+    reason = os.strerror(e.errno) if isinstance(e.errno, int) and e.errno > 0 else _one_line(e)
+    return RunDirectoryError(f"{path}: cannot write ({reason}); {hint}")
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def write_part(table: pa.Table, directory: Path, name: str) -> Path:
-    """Write one part atomically: a dot-prefixed temporary file, fsync, then rename."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write one part atomically: a dot-prefixed temporary file, fsync, then rename. A failed write
+    (e.g. a full disk) leaves no temporary behind and raises one line (the session is recomputed on --resume)."""
     final = directory / name
     tmp = directory / f".{name}.tmp-{os.getpid()}"
-    pq.write_table(table, tmp, compression="zstd")
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, tmp, compression="zstd")
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except OSError as e:  # pyarrow's IO errors are OSErrors too
+        _unlink_quietly(tmp)
+        raise cannot_write(final, e) from None
     return final
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
+def write_json_atomic(path: Path, data: dict, hint: str = RESUME_HINT) -> None:
+    """Write JSON atomically (temporary, rename): a failure leaves the previous file as it was."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        _unlink_quietly(tmp)
+        raise cannot_write(path, e, hint) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,11 +262,23 @@ def positions_table(session_id: str, per_request: list[tuple[int, dict]], profil
 MANIFEST = "run.json"
 REQUESTS = "requests.parquet"
 POSITIONS = "positions.parquet"
-_RUN_ENTRIES = {MANIFEST, REQUESTS, POSITIONS}
+LOCK = ".mtp-observe.lock"
+_PART = re.compile(r"part-\d{8}(-r\d+)?\.parquet")
+_PART_TEMPORARY = re.compile(r"\.part-\d{8}(-r\d+)?\.parquet\.tmp-\d+")
+_MANIFEST_TEMPORARY = re.compile(r"\.run\.json\.tmp-\d+")
 
 
 def _run_error(path: Path, what: str) -> RunDirectoryError:
     return RunDirectoryError(f"{path}: {what}")
+
+
+def is_manifest(data) -> bool:
+    """run.json as this tool writes it: an object with tool.name "mtp-observe" and an integer schema_version."""
+    if not isinstance(data, dict):
+        return False
+    tool, version = data.get("tool"), data.get("schema_version")
+    return (isinstance(tool, dict) and tool.get("name") == "mtp-observe" and isinstance(version, int)
+            and not isinstance(version, bool))
 
 
 def read_manifest(path: Path) -> dict:
@@ -245,6 +306,9 @@ def read_manifest(path: Path) -> dict:
             f"schema_version {version} is newer than this mtp-observe {_tool_version()} reads ({SCHEMA_VERSION}); "
             "upgrade mtp-observe to read it",
         )
+    if not is_manifest(manifest):
+        name = (manifest.get("tool") or {}).get("name") if isinstance(manifest.get("tool"), dict) else None
+        raise _run_error(manifest_path, f"tool.name is {name!r}, not 'mtp-observe'; not a run this tool wrote")
     k = manifest.get("k")
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise _run_error(manifest_path,
@@ -266,37 +330,169 @@ def _tool_version() -> str:
     return __version__
 
 
+# ---------------------------------------------------------------------------------------------
+# The lock: one replay at a time in a run directory
+
+
+class RunLock:
+    """fcntl.flock on run_dir/.mtp-observe.lock (module doc). acquire() creates run_dir if needed;
+    release() unlinks the lock file and removes run_dir again if acquire created it and nothing was written."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK
+        self.fd: int | None = None
+        self.created_dir = False
+
+    def acquire(self) -> "RunLock":
+        import fcntl
+
+        d = self.run_dir
+        if d.is_file():
+            raise RunDirectoryError(f"{d}: is a file; pick another --out")
+        if not d.is_dir():
+            try:
+                d.mkdir(parents=True)
+                self.created_dir = True
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise cannot_write(d, e, "choose another --out") from None
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            except OSError as e:
+                self._undo_dir()
+                if os.path.islink(self.path):
+                    raise RunDirectoryError(f"{self.path}: is a symbolic link; refusing to lock through it — remove "
+                                            "it or choose another --out") from None
+                raise cannot_write(self.path, e, "make the directory writable or choose another --out") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = _holder(fd)
+                os.close(fd)
+                raise RunDirectoryError(f"{d}: another mtp-observe replay is writing this run ({holder}); wait for it "
+                                        "to finish, or choose another --out") from None
+            # Its holder may have removed the file between our open and our flock: lock the file that is there.
+            st = os.fstat(fd)
+            try:
+                now = os.stat(self.path, follow_symlinks=False)
+            except FileNotFoundError:
+                now = None
+            if now is not None and (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
+                break
+            os.close(fd)
+        import datetime
+        import socket
+
+        started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started}).encode() + b"\n")
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        _unlink_quietly(self.path)  # while still held: nobody can have locked this file meanwhile
+        os.close(self.fd)
+        self.fd = None
+        self._undo_dir()
+
+    def _undo_dir(self) -> None:
+        if self.created_dir:
+            try:
+                self.run_dir.rmdir()  # only if empty: a refused run leaves nothing behind
+            except OSError:
+                pass
+
+
+def _holder(fd: int) -> str:
+    try:
+        data = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        return f"pid {int(data['pid'])} on {data.get('host', '?')}, since {data.get('started', '?')}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "pid unknown"
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking what is at --out
+
+
 def prepare_run_directory(run_dir: Path, resume: bool, overwrite: bool) -> dict | None:
-    """Check what is at run_dir before a replay. Returns the manifest to resume, or None for a fresh run.
+    """Check what is at run_dir before a replay (with the RunLock held, or on a directory no replay uses).
+    Returns the manifest to resume, or None for a fresh run.
 
     An existing directory needs --resume (continue an unfinished run) or --overwrite (start again);
-    --overwrite only ever deletes what a run writes, never a directory holding anything else.
-    """
-    import shutil
-
+    --overwrite removes only what a run writes (module doc), after checking every entry."""
     run_dir = Path(run_dir)
     if resume and overwrite:
         raise RunDirectoryError("--resume and --overwrite contradict each other; pass one")
-    exists = run_dir.exists() and any(run_dir.iterdir()) if run_dir.is_dir() else run_dir.exists()
-    if not exists:
+    if run_dir.is_file():
+        raise RunDirectoryError(f"{run_dir}: is a file; pick another --out")
+    entries = sorted(e.name for e in os.scandir(run_dir) if e.name != LOCK) if run_dir.is_dir() else []
+    if not entries:
         if resume:
             raise RunDirectoryError(f"{run_dir}: nothing to resume (no run there); drop --resume")
         return None
-    if run_dir.is_file():
-        raise RunDirectoryError(f"{run_dir}: is a file; pick another --out")
-    foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in _RUN_ENTRIES and not p.name.startswith("."))
+    if MANIFEST not in entries and (REQUESTS in entries or POSITIONS in entries):
+        raise RunDirectoryError(f"{run_dir}: holds parts of a run but no run.json (deleted?), so it can be neither "
+                                "resumed nor overwritten; move the directory away yourself, or choose another --out")
     if resume:
         manifest = read_manifest(run_dir)
         if manifest.get("status") == "complete":
             raise RunDirectoryError(f"{run_dir}: this run is already complete; use --overwrite to redo it or another --out")
         return manifest
     if overwrite:
-        if foreign:
-            raise RunDirectoryError(f"{run_dir}: holds {foreign[0]!r}, which a run does not write; refusing to overwrite it — pick another --out")
-        for p in run_dir.iterdir():
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        files, directories = _overwrite_plan(run_dir)
+        for f in files:
+            os.unlink(f)
+        for d in directories:
+            os.rmdir(d)
         return None
     raise RunDirectoryError(f"{run_dir}: already exists; pass --resume to continue it, --overwrite to replace it, or another --out")
+
+
+def _refuse(run_dir: Path, path: Path, what: str) -> RunDirectoryError:
+    return RunDirectoryError(f"{path}: {what}; refusing to overwrite {run_dir} (nothing was deleted) — "
+                             "move it away or choose another --out")
+
+
+def _overwrite_plan(run_dir: Path) -> tuple[list[Path], list[Path]]:
+    """(files to unlink, directories to remove after them): the run's own entries, every one checked first."""
+    files: list[Path] = []
+    directories: list[Path] = []
+    for entry in sorted(os.scandir(run_dir), key=lambda e: e.name):
+        path = Path(entry.path)
+        if entry.name == LOCK:
+            continue  # ours, held: released when the replay ends
+        if entry.is_symlink():
+            raise _refuse(run_dir, path, "is a symbolic link, which a run never writes")
+        if entry.name in (REQUESTS, POSITIONS) and entry.is_dir(follow_symlinks=False):
+            for part in sorted(os.scandir(path), key=lambda e: e.name):
+                if part.is_symlink():
+                    raise _refuse(run_dir, Path(part.path), "is a symbolic link, which a run never writes")
+                if not (part.is_file(follow_symlinks=False) and (_PART.fullmatch(part.name) or _PART_TEMPORARY.fullmatch(part.name))):
+                    raise _refuse(run_dir, Path(part.path), "is not a part this tool writes")
+                files.append(Path(part.path))
+            directories.append(path)
+        elif entry.is_file(follow_symlinks=False) and (entry.name == MANIFEST or _MANIFEST_TEMPORARY.fullmatch(entry.name)):
+            files.append(path)
+        else:
+            raise _refuse(run_dir, path, "is not something a run writes")
+    try:
+        manifest = json.loads((run_dir / MANIFEST).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        manifest = None
+    if not is_manifest(manifest):
+        raise _refuse(run_dir, run_dir / MANIFEST, "is missing or not an mtp-observe manifest (tool.name "
+                                                   "'mtp-observe', an integer schema_version)")
+    return files, directories
+
+
+# ---------------------------------------------------------------------------------------------
+# Finished sessions of a run being resumed
 
 
 def done_parts(run_dir: Path) -> set[str]:
@@ -309,23 +505,48 @@ def done_parts(run_dir: Path) -> set[str]:
 
 
 def remove_temporaries(run_dir: Path) -> None:
-    """Half-written parts of a killed run (dot-prefixed temporary names)."""
+    """Half-written parts of a killed run (dot-prefixed temporary names; a link is unlinked, never followed)."""
     for table in (REQUESTS, POSITIONS):
         d = Path(run_dir) / table
         if d.is_dir():
-            for p in d.glob(".part-*.tmp-*"):
-                p.unlink()
+            for p in d.iterdir():
+                if _PART_TEMPORARY.fullmatch(p.name):
+                    p.unlink()
 
 
-def part_counts(run_dir: Path, name: str) -> dict:
-    """Counts of one finished session, read back from its parts (for a resumed run's manifest)."""
-    req = pq.read_table(Path(run_dir) / REQUESTS / name, columns=["n_tokens", "spans"]).to_pylist()
-    pos = pq.read_table(Path(run_dir) / POSITIONS / name, columns=["depth"]).column("depth").to_pylist()
+def remove_part(run_dir: Path, name: str) -> None:
+    """Both parts of one session (to recompute it)."""
+    for table in (REQUESTS, POSITIONS):
+        _unlink_quietly(Path(run_dir) / table / name)
+
+
+def finished_part(run_dir: Path, name: str, k: int, session_id: str) -> tuple[dict | None, str | None]:
+    """(counts, None) for a finished session whose parts read back whole, or (None, what is wrong with them).
+
+    Whole means: both parts are Parquet files with their footer (a file cut short has none), of this
+    session, and positions holds exactly the rows its requests' spans imply — min(k, e - p) depths at
+    every anchor p = max(s, 1)..e-1 of every span [s, e]."""
+    import pyarrow as pa
+
+    try:
+        req = pq.read_table(Path(run_dir) / REQUESTS / name, columns=["session_id", "n_tokens", "spans"])
+        pos = pq.read_table(Path(run_dir) / POSITIONS / name, columns=["session_id", "depth"])
+    except (OSError, pa.ArrowException) as e:
+        return None, f"cannot be read back ({_one_line(e)})"
+    ids = set(req.column("session_id").to_pylist()) | set(pos.column("session_id").to_pylist())
+    if ids != {session_id}:
+        return None, f"holds session(s) {sorted(map(str, ids))[:3]}, not {session_id}"
+    spans = [sp for r in req.column("spans").to_pylist() for sp in r]
+    expected = sum(min(k, sp["end"] - p) for sp in spans for p in range(max(sp["start"], 1), sp["end"]))
+    if req.num_rows == 0 or pos.num_rows != expected:
+        return None, f"holds {pos.num_rows} rows where its spans imply {expected}"
+    depth = pos.column("depth").to_numpy()
+    tokens = req.column("n_tokens").to_pylist()
     return {
-        "requests": len(req),
-        "tokens_replayed": sum(r["n_tokens"] for r in req),
-        "scored_tokens": sum(s["end"] - s["start"] + 1 for r in req for s in r["spans"]),
-        "anchors": sum(1 for d in pos if d == 1),
-        "rows": len(pos),
-        "max_request_tokens": max((r["n_tokens"] for r in req), default=0),
-    }
+        "requests": req.num_rows,
+        "tokens_replayed": sum(tokens),
+        "scored_tokens": sum(sp["end"] - sp["start"] + 1 for sp in spans),
+        "anchors": int((depth == 1).sum()),
+        "rows": pos.num_rows,
+        "max_request_tokens": max(tokens, default=0),
+    }, None

@@ -458,6 +458,7 @@ def _distribution(logits: Tensor, profile: SamplingProfile, ranked: tuple[Tensor
         if bool((kept == values.shape[-1]).any()) and values.shape[-1] < V:  # ties run past the slack: count them all
             kept = (logits >= kth).sum(-1)
             values, index = logits.topk(int(kept.max()), dim=-1)
+        kept = kept.clamp(min=1)  # the largest value is always kept (also when NaN logits compare false: check_finite says so)
         m = int(kept.max())
         values, index = values[:, :m], index[:, :m]
         values = values.masked_fill(torch.arange(m, device=logits.device)[None, :] >= kept[:, None], float("-inf"))

@@ -52,7 +52,8 @@ def test_the_corpus_benchmark_imports_and_renders_the_folders_it_is_given(tmp_pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert [(r["folder"], r["formats"], r["sessions"]) for r in result["folders"]] == [
-        ("litellm-standard-logging-payload", ["litellm"], 1), ("openai-batch", ["openai-batch"], 2), ("otel-genai", ["otel-genai"], 16)]
+        ("litellm-standard-logging-payload", ["litellm"], 1), ("openai-batch", ["openai-batch"], 2), ("otel-genai", ["otel-genai"], 8),
+        ("otel-genai (structured encoding)", ["otel-genai"], 8)]
     assert result["total"]["sessions"] == 19 and result["total"]["tokens"] > 0 and result["total"]["render_s"] > 0
 
 

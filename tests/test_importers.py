@@ -476,15 +476,6 @@ def test_options_a_format_does_not_read_are_refused(tmp_path):
     assert r.returncode == 2 and "is one of the input files" in r.stderr
 
 
-def test_session_ids_stay_unique_when_two_files_share_a_name(tmp_path):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    events = claude_code_events()
-    files = [write_jsonl(tmp_path / d / "t.jsonl", events) for d in ("a", "b")]
-    sessions = run_import("claude-code", files, tmp_path / "out.jsonl")
-    assert [s.id for s in sessions] == ["s-1", "s-1#2"]
-
-
 def test_an_output_path_that_cannot_be_written_is_one_line_and_leaves_nothing_behind(tmp_path):
     src = write_jsonl(tmp_path / "t.jsonl", claude_code_events())
     (tmp_path / "taken").mkdir()

@@ -64,7 +64,7 @@ def test_the_reader_takes_gzip_files_directories_in_sorted_order_and_standard_in
 
 def test_a_damaged_gzip_file_is_one_line_naming_it(tmp_path):
     path = tmp_path / "cut.jsonl.gz"
-    path.write_bytes(gzip.compress((session_line("x") * 50).encode())[:-30])
+    path.write_bytes(gzip.compress("".join(session_line(f"x{i}") for i in range(50)).encode())[:-30])
     with pytest.raises(InputError, match=r"cut.jsonl.gz:\d+: a damaged gzip file"):
         list(read_sessions([path]))
     with pytest.raises(InputError, match=r"cut.jsonl.gz: a damaged gzip file"):

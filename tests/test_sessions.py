@@ -268,7 +268,7 @@ def test_token_level_records_score_the_completion_with_text_and_end(renderer, tm
     eot = next(iter(renderer.eos_ids))
     recs = [
         {"id": "t1", "prompt_token_ids": [5, 6, 7], "completion_token_ids": [8, 9, eot]},
-        {"id": "t2", "requests": [{"prompt_token_ids": [1, 2], "completion_token_ids": [3]},
+        {"id": "t2", "requests": [{"prompt_token_ids": [1, 2], "completion_token_ids": [3, 4]},
                                   {"prompt_token_ids": [1, 2, 3, 4], "completion_token_ids": [5, 6]}]},
     ]
     out = [renderer.render(s) for s in read_sessions([write_jsonl(tmp_path / "tok.jsonl", recs)])]
@@ -276,7 +276,7 @@ def test_token_level_records_score_the_completion_with_text_and_end(renderer, tm
     assert r.input_ids == [5, 6, 7, 8, 9, eot]
     assert (r.spans[0].start, r.spans[0].end) == (3, 5)
     assert [SEGMENTS[c] for c in r.spans[0].segments] == ["text", "text", "end"]
-    assert [(q.spans[0].start, q.spans[0].end, q.spans[0].turn) for q in out[1].requests] == [(2, 2, 0), (4, 5, 1)]
+    assert [(q.spans[0].start, q.spans[0].end, q.spans[0].turn) for q in out[1].requests] == [(2, 3, 0), (4, 5, 1)]
 
 
 def test_reading_is_streamed_one_session_at_a_time(tmp_path):
@@ -303,7 +303,7 @@ BAD_CASES = {
     "non-text part": ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}, {"role": "assistant", "content": "a"}]}, "non-text content part"),
     "unknown record": ({"hello": 1}, "unknown record"),
     "no completion": ({"prompt_token_ids": [1], "completion_token_ids": []}, "no completion tokens"),
-    "token beyond vocabulary": ({"prompt_token_ids": [1], "completion_token_ids": [5000]}, ">= the model's vocabulary"),
+    "token beyond vocabulary": ({"prompt_token_ids": [1], "completion_token_ids": [5000, 6]}, ">= the model's vocabulary"),
 }
 
 

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import InputError, OptionError
-from ..sessions import SessionError, parse_record, resolve_inputs
+from ..sessions import SessionError, SessionIds, check_inputs, parse_record, path_labels, resolve_inputs
 from . import (
     anthropic, claude_code, litellm, mini_swe_agent, openai_batch, openai_chat, openai_responses, openhands, otel_genai, tau2_bench,
     tau_bench, vllm_log,
@@ -215,10 +215,13 @@ def import_files(fmt: str, files, out: Path, options: Options = Options(), on_er
     `files` may name directories (their log files, recursively, sorted) and "-" (standard input).
     on_error "fail": the first bad record raises its InputError and nothing is written;
     "skip": it is reported through `warn`, counted, and the import goes on (a file that cannot be
-    read at all is skipped whole). Session ids are made unique across the output by appending
-    "#2", "#3", ... to a repeat."""
+    read at all is skipped whole). Session ids follow the reader's rule (sessions.py): ids made
+    from a file's name use its `path_labels` label, so two files of one name give distinct ids,
+    and a repeated id is a bad record naming both places. An input with no sessions (empty, only
+    blank lines, or nothing to convert) is refused whatever on_error says."""
     assert fmt == "auto" or fmt in READERS, fmt
     assert on_error in ("fail", "skip"), on_error
+    check_inputs(files, missing_ok=True)  # before any work: an empty input
     counts: list[FileCount] = []
     _write_atomically(out, _lines(fmt, files, options, on_error, warn, counts))
     return counts
@@ -253,7 +256,7 @@ def _batch_outputs(fmt: str, inputs: list[tuple[Path, bool]]) -> tuple[list[tupl
 
 def _lines(fmt, files, options, on_error, warn, counts: list[FileCount]) -> Iterator[str]:
     """The output's lines, file after file; appends one FileCount per file to `counts`."""
-    ids: set[str] = set()
+    ids = SessionIds()
 
     def skip(count: FileCount, message: str) -> None:
         if on_error == "fail":
@@ -267,9 +270,11 @@ def _lines(fmt, files, options, on_error, warn, counts: list[FileCount]) -> Iter
         options = replace(options, batch_outputs=tuple(outputs))
     for p in outputs:
         counts.append(FileCount(Source(p).name, "openai-batch", note="output, joined with its input"))
+    labels = path_labels([p for p, _ in inputs], stem=lambda p: Source(p).stem)
     for p, within in inputs:
-        source = Source(Path(p))
+        source = Source(Path(p), label=labels[str(p)])
         count = FileCount(source.name, "?")
+        in_file: set[str] = set()
         counts.append(count)
         try:
             if fmt == "auto" and within:
@@ -287,7 +292,11 @@ def _lines(fmt, files, options, on_error, warn, counts: list[FileCount]) -> Iter
                 if isinstance(item, Dropped):
                     count.dropped[item.kind] += item.n
                     continue
-                line = item if isinstance(item, SkippedRecord) else _line(_unique(item, ids), source)
+                if not isinstance(item, SkippedRecord):
+                    item = _distinct_within_file(item, in_file)
+                line = item if isinstance(item, SkippedRecord) else _line(item, source)
+                if not isinstance(line, SkippedRecord):  # an id is taken only by a session that is written
+                    line = _repeated(item, ids, source) or line
                 if isinstance(line, SkippedRecord):
                     skip(count, line.message)
                     continue
@@ -297,6 +306,12 @@ def _lines(fmt, files, options, on_error, warn, counts: list[FileCount]) -> Iter
             if on_error == "fail":
                 raise
             skip(count, str(e))  # the rest of this file cannot be read; the next file can
+        if count.sessions == 0 and not count.skipped:
+            message = f"holds no sessions (a {count.format} file with nothing to convert)"
+            if not within:
+                raise source.error(f"{message}; remove it from the inputs")
+            if warn is not None:
+                warn(f"{source.name}: {message} (found in a directory: skipped)")
     formats = {c.format for c in counts}
     if outputs and not any(c.format == "openai-batch" and not c.note for c in counts):
         raise InputError(f"{Source(outputs[0]).name}: an OpenAI Batch output file without its input file; give the input "
@@ -339,12 +354,23 @@ def _write_atomically(out: Path, lines: Iterator[str]) -> None:
             tmp.unlink()
 
 
-def _unique(session: dict, ids: set[str]) -> dict:
+def _distinct_within_file(session: dict, seen: set[str]) -> dict:
+    """Sessions an importer tells apart inside one file but whose log gives them one id (an OTel conversation
+    id shared by a sub-agent's calls, a trace holding two conversations) get `#2`, `#3`, ... in the order
+    the file yields them. Only within a file: the same id from two inputs is a repeat (`_repeated`), as
+    the session reader has it."""
     sid, n = session["id"], 1
-    while sid in ids:
+    while sid in seen:
         n += 1
         sid = f"{session['id']}#{n}"
-    ids.add(sid)
-    if sid != session["id"]:
-        session = dict(session, id=sid)
-    return session
+    seen.add(sid)
+    return session if sid == session["id"] else dict(session, id=sid)
+
+
+def _repeated(session: dict, ids: SessionIds, source: Source) -> SkippedRecord | None:
+    """A SkippedRecord when the session's id repeats one already written (the reader's rule), else None."""
+    record = session["meta"]["importer"]["record"]
+    message = ids.repeat(session["id"], f"{source.name} ({record})")
+    if message is None:
+        return None
+    return SkippedRecord(source.name, f"{source.name}: {record}: session {session['id']}: {message}")

@@ -98,6 +98,7 @@ class Source:
     `document()` parses it whole (cached); `lines()` streams JSON lines; `text_lines()` streams text."""
 
     path: Path
+    label: str | None = None  # what default ids start with instead of the stem (sessions.path_labels)
     _document: Any = field(default=None, repr=False)
     _parsed: bool = field(default=False, repr=False)
 
@@ -115,6 +116,8 @@ class Source:
 
     @property
     def stem(self) -> str:
+        if self.label is not None:
+            return self.label
         name = self._plain_name
         for suffix in (".traj.json", ".jsonl", ".json", ".yaml", ".yml", ".log", ".txt"):
             if name.endswith(suffix) and len(name) > len(suffix):
