@@ -376,24 +376,18 @@ def test_recorded_with_a_new_sampler_defines_it_and_stores_it_in_run_json(tiny_c
 
 
 def replay_peak_rss(model, tmp_path, tokens: int, completion: int) -> int:
-    """Peak RSS (bytes) of a CLI replay of one token-level session of `tokens` random ids (the last `completion` scored)."""
-    import psutil
+    """Peak RSS (bytes: the OS's own high-water mark, memory.run_measured) of a CLI replay of one token-level
+    session of `tokens` random ids (the last `completion` scored)."""
+    from mtp_observe.memory import run_measured
 
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 248_320, (tokens,), generator=gen).tolist()
     split = tokens - completion
     path = write_sessions(tmp_path / "long.jsonl", [{"id": "long", "prompt_token_ids": ids[:split], "completion_token_ids": ids[split:]}])
-    proc = psutil.Popen([sys.executable, "-m", "mtp_observe", "replay", str(path), "--model", str(model), "--k", "2",
-                         "--device", "cpu", "--out", str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    peak = 0
-    while proc.poll() is None:
-        try:
-            peak = max(peak, proc.memory_info().rss)
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(0.05)
-    _, stderr = proc.communicate()
-    assert proc.returncode == 0, stderr.decode()[-2000:]
+    measured = run_measured([sys.executable, "-m", "mtp_observe", "replay", str(path), "--model", str(model), "--k", "2",
+                             "--device", "cpu", "--out", str(tmp_path / "run")])
+    assert measured.returncode == 0, measured.stderr[-2000:]
+    peak = measured.peak_rss
     rows = pq.read_table(tmp_path / "run" / "positions.parquet", columns=["depth"]).column("depth").to_numpy()
     assert (rows == 1).sum() == completion - 1 and (rows == 2).sum() == completion - 2
     print(f"peak RSS {peak / 1e9:.2f} GB")
