@@ -288,36 +288,6 @@ def _with_defaults(extra, model_dir: Path) -> tuple:
     return tuple(by_name.values())
 
 
-class _ProgressObserver:
-    """Draws sessions, tokens, tokens/s and ETA on stderr while a replay runs."""
-
-    def __init__(self, progress):
-        self.progress = progress
-        self.task = None
-        self.tokens = 0
-        self.started = None
-
-    def start(self, sessions: int) -> None:
-        import time
-
-        self.started = time.time()
-        self.task = self.progress.add_task("replaying", total=sessions, tokens="0 tokens", rate="")
-
-    def session(self, session_id: str, tokens: int, skipped: bool) -> None:
-        import time
-
-        self.tokens += tokens
-        elapsed = max(time.time() - self.started, 1e-9)
-        self.progress.update(self.task, advance=1, description=f"{'skipped' if skipped else 'replayed'} {visible(session_id)[:28]}",
-                             tokens=f"{self.tokens:,} tokens", rate=f"{self.tokens / elapsed:,.0f} tok/s")
-
-    def warn(self, message: str) -> None:
-        say(self.progress.console, f"skipped: {message}")
-
-    def note(self, message: str) -> None:
-        say(self.progress.console, f"note: {message}")
-
-
 @app.command()
 def replay(
     files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Session JSONL files (.gz too), directories of them, or - for standard input.")],
@@ -336,13 +306,15 @@ def replay(
     device_map: Annotated[Optional[str], typer.Option("--device-map", help="auto: spread a target too large for one GPU over all visible GPUs (needs accelerate).")] = None,
     chat_template: ChatTemplateOption = None,
     template_kwargs: TemplateKwargsOption = None,
+    progress_every: Annotated[float, typer.Option("--progress-every", metavar="SECONDS", help="Without a terminal (a CI log): print the progress line to stderr every SECONDS (0: never).")] = 30.0,
 ) -> None:
     """Replay sessions through the target with the MTP head alongside; write the run directory."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
     from .pipeline import ReplayOptions, default_run_dir, replay as run_replay
+    from .progress import ProgressDisplay
 
     _check_on_error(on_error)
+    if progress_every < 0:
+        raise OptionError(f"--progress-every {progress_every:g}: expected seconds >= 0 (0: no progress lines)")
     overrides = _template_overrides(chat_template, template_kwargs)
     bundled = model is None
     model_dir = _model_dir(model)
@@ -354,13 +326,10 @@ def replay(
                          device_map=device_map, template=overrides)
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
     try:
-        # Drawn only on a terminal, and cleared when it stops: a failure leaves its error line alone.
-        with Progress(TextColumn("{task.description:<40}", markup=False), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("sessions"), TextColumn("{task.fields[tokens]}", markup=False),
-                      TextColumn("{task.fields[rate]}", markup=False), TimeRemainingColumn(),
-                      console=err, transient=True, disable=not (rank0 and err.is_terminal)) as progress:
-            run_dir = run_replay(files, model_dir, out_path, opts, bundled=bundled,
-                                 observer=_ProgressObserver(progress) if rank0 else None)
+        # A live line on a terminal, cleared when it stops (a failure leaves its error line alone); a plain
+        # line every --progress-every seconds without one.
+        with ProgressDisplay(err, live=rank0 and err.is_terminal, every_s=progress_every if rank0 else 0, say=say) as progress:
+            run_dir = run_replay(files, model_dir, out_path, opts, bundled=bundled, observer=progress if rank0 else None)
     except KeyboardInterrupt:  # run.json says "failed"; every finished session's part is complete on disk
         if rank0:
             from .tables import done_parts

@@ -112,7 +112,17 @@ class Observer:
 
     def start(self, sessions: int) -> None: ...
 
-    def session(self, session_id: str, tokens: int, skipped: bool) -> None: ...
+    def session_start(self, session_id: str, tokens: int, requests: int) -> None:
+        """A session is about to be replayed: its tokens (all its requests') and requests."""
+
+    def request(self, index: int) -> None:
+        """Request `index` (0-based) of the current session starts."""
+
+    def tokens(self, n: int) -> None:
+        """n more tokens of the current session are done (a prefill chunk, or a prefix reused from the request before)."""
+
+    def session(self, session_id: str, tokens: int, skipped: bool) -> None:
+        """A session ended: replayed, skipped, or (no session_start before it) found finished by --resume."""
 
     def warn(self, message: str) -> None: ...
 
@@ -148,7 +158,8 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
 
 
 def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size: int,
-                   carry: Carry | None = None, keep_at: int | None = None) -> tuple[dict, dict, Carry | None]:
+                   carry: Carry | None = None, keep_at: int | None = None,
+                   on_tokens=None) -> tuple[dict, dict, Carry | None]:
     """One request through the target and the head: the columns of its rows, the recording-sampler sums
     of its spans (RequestResult.fit), and what the next request reuses.
 
@@ -159,7 +170,8 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
        log-probs, sampler probs, the fit sums (the penalties read each turn's prompt and output so far)
     4. rows
     Rows depend only on the tokens (causal attention), so reusing a prefix changes nothing measured
-    beyond floating-point rounding of where chunk boundaries fall.
+    beyond floating-point rounding of where chunk boundaries fall. on_tokens(n), if given, hears each
+    prefill chunk's tokens (and the reused prefix's) as they are done: the progress line.
     """
     from .acceptance import anchor_plan, request_rows, row_index
     from .target import Turns, prefill, reduce_logits
@@ -175,7 +187,10 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
         segments[sp.start : sp.end + 1] = torch.frombuffer(bytearray(sp.segments), dtype=torch.int8)
     plan = anchor_plan(request.spans, k_max)
     index = row_index(plan, k_max)
-    hidden, kept = prefill(model.target, ids, chunk_size, prefix=carry.target if carry else None, keep_at=keep_at)  # 1
+    if on_tokens is not None and carry is not None:
+        on_tokens(carry.length)
+    hidden, kept = prefill(model.target, ids, chunk_size, prefix=carry.target if carry else None, keep_at=keep_at,
+                           on_chunk=on_tokens)  # 1
     P = carry.length - 1 if carry else 0  # rows 0..P-1 come from the previous request
     rows = model.head.row_pass(hidden[P:-1], ids[P + 1 :].to(hidden.device), chunk_size=chunk_size,
                                prefix=carry.rows if carry else None)  # 2
@@ -216,15 +231,20 @@ def check_finite(columns: dict) -> None:
                 raise NonFiniteOutput(f"{who} outputs are not finite ({bad} of {len(values)} {name} values NaN or inf)")
 
 
-def replay_session(model: LoadedModel, requests, k_max: int, profiles, chunk_size: int) -> list[RequestResult]:
-    """Every request of one session, in order, each starting from the prefix it shares with the one before."""
+def replay_session(model: LoadedModel, requests, k_max: int, profiles, chunk_size: int,
+                   observer: Observer | None = None) -> list[RequestResult]:
+    """Every request of one session, in order, each starting from the prefix it shares with the one before.
+    observer: hears each request start and its tokens as they are done (Observer.request, .tokens)."""
     out, carry = [], None
     for r, request in enumerate(requests):
+        if observer is not None:
+            observer.request(r)
         after = requests[r + 1].input_ids if r + 1 < len(requests) else None
         keep_at = shared_prefix(request.input_ids, after) if after is not None else None
         if keep_at is not None and keep_at >= len(request.input_ids):
             keep_at = len(request.input_ids) - 1  # the next request extends this one: keep all but the last token
-        columns, fit, carry = replay_request(model, request, k_max, profiles, chunk_size, carry=carry, keep_at=keep_at)
+        columns, fit, carry = replay_request(model, request, k_max, profiles, chunk_size, carry=carry, keep_at=keep_at,
+                                             on_tokens=observer.tokens if observer is not None else None)
         out.append(RequestResult(request.index, columns, fit))
     return out
 
@@ -679,7 +699,9 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
                 skip(item.index, e.path, e.line, e.session_id, str(e))
                 continue
             try:
-                per_request = replay_session(model, rendered.requests, opts.k, tuple(opts.profiles) + (recorded,), opts.chunk_size)
+                observer.session_start(item.id, rendered.n_tokens, len(rendered.requests))
+                per_request = replay_session(model, rendered.requests, opts.k, tuple(opts.profiles) + (recorded,),
+                                             opts.chunk_size, observer=observer)
             except NonFiniteOutput as e:
                 raise CheckpointError(f"{model.info.path}: {e} in session {item.id} ({item.path}:{item.line}); the "
                                       f"weights hold NaN/inf or overflow in {str(model.dtype).removeprefix('torch.')}: "
