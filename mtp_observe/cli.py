@@ -58,16 +58,20 @@ def human_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+MODEL_HELP = "Checkpoint directory, or a Hugging Face id (ORG/NAME[@REVISION]) already in the local cache (never downloaded)."
+
+
 @app.command()
 def inspect(
-    model: Annotated[Path, typer.Argument(metavar="MODEL", help="Local checkpoint directory.")],
+    model: Annotated[Path, typer.Argument(metavar="MODEL", help=MODEL_HELP)],
     as_json: Annotated[bool, typer.Option("--json", help="Emit the numbers as JSON.")] = False,
 ) -> None:
     """What the head is: tensors, shapes, bytes, borrowed weights, draft-cost roofline (headers only)."""
     from .checkpoint import read_checkpoint
+    from .hub import resolve_model
     from .inventory import PRECISIONS, inventory_json, take_inventory
 
-    inv = take_inventory(read_checkpoint(model))
+    inv = take_inventory(read_checkpoint(resolve_model(model, "MODEL")))
     if as_json:
         print(json.dumps(inventory_json(inv), indent=2))
         return
@@ -130,11 +134,13 @@ SEGMENT_STYLES = {"reasoning": "magenta", "text": "green", "tool_call": "cyan", 
 
 
 def _model_dir(model: Optional[Path]) -> Path:
-    """--model, or the bundled model, said on stdout (stderr is kept for the error line of a failure)."""
+    """--model (a directory, or a hub id in the local cache), or the bundled model, said on stdout (stderr is
+    kept for the error line of a failure)."""
+    from .hub import resolve_model
     from .pipeline import default_model_dir
 
     if model is not None:
-        return model
+        return resolve_model(model, "--model")
     path = default_model_dir()
     say(out, f"using the bundled default model ({path}); pass --model DIR for your own checkpoint")
     return path
@@ -162,7 +168,7 @@ def _check_on_error(on_error: str) -> None:
 @app.command()
 def sessions(
     files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Session JSONL files (.gz too), directories of them, or - for standard input.")],
-    model: Annotated[Optional[Path], typer.Option("--model", help="Checkpoint directory whose tokenizer and chat template render the sessions (default: the bundled model).")] = None,
+    model: Annotated[Optional[Path], typer.Option("--model", help="Checkpoint directory or cached Hugging Face id whose tokenizer and chat template render the sessions (default: the bundled model).")] = None,
     show: Annotated[Optional[str], typer.Option("--show", help="Render one session, scored spans coloured by segment.")] = None,
     on_error: Annotated[str, typer.Option("--on-error", help="fail: stop at the first bad session; skip: warn, count it and go on.")] = "fail",
     chat_template: ChatTemplateOption = None,
@@ -291,7 +297,7 @@ def _with_defaults(extra, model_dir: Path) -> tuple:
 @app.command()
 def replay(
     files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Session JSONL files (.gz too), directories of them, or - for standard input.")],
-    model: Annotated[Optional[Path], typer.Option("--model", help="Local checkpoint directory (default: the bundled model).")] = None,
+    model: Annotated[Optional[Path], typer.Option("--model", help="Checkpoint directory, or a Hugging Face id (ORG/NAME[@REVISION]) in the local cache (default: the bundled model).")] = None,
     k: Annotated[int, typer.Option("--k", help="Draft depth Kmax; one replay answers every K <= Kmax.")] = 4,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run directory (default: reports/run-<time>).")] = None,
     chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill chunk (tokens) for the target and the head's row pass.")] = 2048,
@@ -461,7 +467,7 @@ def report(
 
 @app.command()
 def probe(
-    model: Annotated[Path, typer.Argument(metavar="MODEL", help="Local checkpoint directory.")],
+    model: Annotated[Path, typer.Argument(metavar="MODEL", help=MODEL_HELP)],
     context: Annotated[int, typer.Option(help="Tokens in the caches before each timed step.")] = 4096,
     k: Annotated[int, typer.Option("--k", help="Time the verify of K+1 tokens for K = 1..k.")] = 4,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
@@ -474,7 +480,9 @@ def probe(
     from .tables import write_json_atomic
 
     check_writable(output, "--output")
-    result = measure(model, context=context, k=k, device=device, dtype=dtype, repeats=repeats)
+    from .hub import resolve_model
+
+    result = measure(resolve_model(model, "MODEL"), context=context, k=k, device=device, dtype=dtype, repeats=repeats)
     data = probe_json(result)
     write_json_atomic(output, data, hint="free space or choose another --output")
     ms = 1e3
