@@ -18,7 +18,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import typer
 from rich.console import Console
@@ -26,12 +26,13 @@ from rich.table import Table
 
 from .errors import OptionError, UserError
 from .literal import literal, visible
+from .wording import plural
 
 app = typer.Typer(
     name="mtp-observe",
     help="Measure how often a Qwen3.5 checkpoint's MTP draft head would be accepted on recorded sessions.",
-    add_completion=False,
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
@@ -46,9 +47,28 @@ def say(console: Console, text, style=None) -> None:
     console.print(literal(text, style), soft_wrap=True)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        print(f"mtp-observe {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
     """mtp-observe: MTP draft-head acceptance on recorded sessions, as tables and a go/no-go gate."""
+
+
+# Fixed sets of values are Literal types: help lists them (<a|b|c>), the shell completes them, and a value
+# outside them is refused before the command runs (main words the refusal: `--format x: expected one of ...`).
+OnError = Literal["fail", "skip"]
+ReportFormat = Literal["table", "markdown", "json"]
+Dtype = Literal["auto", "float32", "bfloat16"]
+DEVICE_METAVAR = "<auto|cpu|cuda|cuda:N>"  # cuda:N is open-ended, so not a Choice; pipeline.resolve_device checks it
 
 
 def human_bytes(n: float) -> str:
@@ -82,7 +102,7 @@ def inspect(
     for k, v in inv.config.items():
         cfg.add_row(literal(k), literal(v))
     out.print(cfg)
-    t = Table(title=f"MTP head: {len(inv.head)} tensors")
+    t = Table(title=f"MTP head: {plural(len(inv.head), 'tensor')}")
     for c in ("tensor", "shape", "dtype", "bytes"):
         t.add_column(c, justify="right" if c == "bytes" else "left")
     for e in inv.head:
@@ -170,7 +190,7 @@ def sessions(
     files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Session JSONL files (.gz too), directories of them, or - for standard input.")],
     model: Annotated[Optional[Path], typer.Option("--model", help="Checkpoint directory or cached Hugging Face id whose tokenizer and chat template render the sessions (default: the bundled model).")] = None,
     show: Annotated[Optional[str], typer.Option("--show", help="Render one session, scored spans coloured by segment.")] = None,
-    on_error: Annotated[str, typer.Option("--on-error", help="fail: stop at the first bad session; skip: warn, count it and go on.")] = "fail",
+    on_error: Annotated[OnError, typer.Option("--on-error", help="fail: stop at the first bad session; skip: warn, count it and go on.")] = "fail",
     chat_template: ChatTemplateOption = None,
     template_kwargs: TemplateKwargsOption = None,
 ) -> None:
@@ -198,7 +218,7 @@ def sessions(
         def tick(_item):
             seen[0] += 1
             if seen[0] % 100 == 0:
-                progress.update(task, description=f"{seen[0]:,} sessions")
+                progress.update(task, description=plural(seen[0], "session"))
 
         per_file, total, skipped = survey(files, renderer, on_error=on_error, on_session=tick)
     rows = list(per_file.items()) + ([("total", total)] if len(per_file) > 1 else [])
@@ -239,8 +259,8 @@ def _show_session(files, renderer, session_id: str, on_error: str) -> None:
             continue
         rendered = renderer.render(item)
         for req in rendered.requests:
-            out.rule(literal(f"session {item.id} · request {req.index} · {len(req.input_ids):,} tokens · "
-                             f"{len(req.spans)} scored turns"))
+            out.rule(literal(f"session {item.id} · request {req.index} · {plural(len(req.input_ids), 'token')} · "
+                             f"{plural(len(req.spans), 'scored turn')}"))
             text = Text()
             style_of = ["dim"] * len(req.input_ids)
             for sp in req.spans:
@@ -299,15 +319,15 @@ def replay(
     files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Session JSONL files (.gz too), directories of them, or - for standard input.")],
     model: Annotated[Optional[Path], typer.Option("--model", help="Checkpoint directory, or a Hugging Face id (ORG/NAME[@REVISION]) in the local cache (default: the bundled model).")] = None,
     k: Annotated[int, typer.Option("--k", help="Draft depth Kmax; one replay answers every K <= Kmax.")] = 4,
-    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run directory (default: reports/run-<time>).")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", "-o", help="Run directory (default: reports/run-<time>).")] = None,
     chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill chunk (tokens) for the target and the head's row pass.")] = 2048,
     sampling: Annotated[Optional[list[str]], typer.Option("--sampling", help="Extra sampling profile NAME=T,TOP_P,TOP_K[,PRESENCE[,FREQUENCY[,REPETITION[,MIN_P]]]] (repeatable; the Qwen3.5 card's four, greedy and generation_config are built in).")] = None,
     recorded_with: Annotated[Optional[str], typer.Option("--recorded-with", help="The sampler the sessions were recorded with: greedy, a profile NAME, or NAME=T,TOP_P,TOP_K[,...] (default: the report names the best fit).")] = None,
-    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")] = "auto",
-    dtype: Annotated[str, typer.Option("--dtype", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16")] = "auto",
+    device: Annotated[str, typer.Option("--device", metavar=DEVICE_METAVAR, help="Where the target runs (auto: cuda if available).")] = "auto",
+    dtype: Annotated[Dtype, typer.Option("--dtype", help="auto: bfloat16 on CUDA, float32 on CPU.")] = "auto",
     resume: Annotated[bool, typer.Option("--resume", help="Continue an unfinished run in --out without recomputing finished sessions.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the run in --out.")] = False,
-    on_error: Annotated[str, typer.Option("--on-error", help="fail | skip: a bad session stops the run, or is recorded in run.json and skipped.")] = "fail",
+    on_error: Annotated[OnError, typer.Option("--on-error", help="fail: a bad session stops the run; skip: it is recorded in run.json and skipped.")] = "fail",
     max_sessions: Annotated[Optional[int], typer.Option("--max-sessions", help="Replay at most N sessions (counted in input order).")] = None,
     device_map: Annotated[Optional[str], typer.Option("--device-map", help="auto: spread a target too large for one GPU over all visible GPUs (needs accelerate).")] = None,
     chat_template: ChatTemplateOption = None,
@@ -356,8 +376,9 @@ def _print_replay_summary(run_dir: Path) -> None:
     m, c = run.manifest, run.manifest["counts"]
     rep = summarize(run, resolve_cost(run), replicates=200, seed=0)
     v = rep.overall.value
-    t = Table(title=f"replay: {c['sessions_ok']} sessions ({c['sessions_skipped']} skipped), {c['requests']} requests, "
-                    f"{c['tokens_replayed']:,} tokens, {c['anchors']:,} anchors · {m['timing']['tokens_per_s']:,} tok/s")
+    t = Table(title=f"replay: {plural(c['sessions_ok'], 'session')} ({c['sessions_skipped']:,} skipped), "
+                    f"{plural(c['requests'], 'request')}, {plural(c['tokens_replayed'], 'token')}, "
+                    f"{plural(c['anchors'], 'anchor')} · {m['timing']['tokens_per_s']:,} tok/s")
     t.add_column("K / depth k", justify="right")
     t.add_column("α_k (conditional)", justify="right")
     t.add_column("A_k (per position)", justify="right")
@@ -419,7 +440,7 @@ def report(
                                                          "(overrides run.json; default: the best-fitting candidate).")] = None,
     min_support: Annotated[float, typer.Option("--min-support", "--min-on-policy", help="A sampler fits the traffic only if at "
                                                "least this share of the recorded tokens is in its support.")] = 0.95,
-    fmt: Annotated[str, typer.Option("--format", help="table, markdown or json.")] = "table",
+    fmt: Annotated[ReportFormat, typer.Option("--format", help="How the report is printed.")] = "table",
     plot: Annotated[Optional[Path], typer.Option(help="Write acceptance by depth and speedup vs K to this PNG.")] = None,
     baseline: Annotated[Optional[Path], typer.Option(help="Another run: show the tables as differences from it.")] = None,
     probe: Annotated[Optional[Path], typer.Option(help="probe.json from `mtp-observe probe`: measured c and v(K).")] = None,
@@ -470,8 +491,8 @@ def probe(
     model: Annotated[Path, typer.Argument(metavar="MODEL", help=MODEL_HELP)],
     context: Annotated[int, typer.Option(help="Tokens in the caches before each timed step.")] = 4096,
     k: Annotated[int, typer.Option("--k", help="Time the verify of K+1 tokens for K = 1..k.")] = 4,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    dtype: Annotated[str, typer.Option(help="auto (bfloat16 on CUDA, float32 on CPU), float32 or bfloat16.")] = "auto",
+    device: Annotated[str, typer.Option(metavar=DEVICE_METAVAR, help="Where the step runs (auto: cuda if available).")] = "auto",
+    dtype: Annotated[Dtype, typer.Option(help="auto: bfloat16 on CUDA, float32 on CPU.")] = "auto",
     repeats: Annotated[int, typer.Option(help="Timed repeats; the median is reported.")] = 20,
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write probe.json.")] = Path("probe.json"),
 ) -> None:
@@ -512,7 +533,7 @@ def import_(
     output: Annotated[Path, typer.Option("--output", "-o", help="Canonical session JSONL to write (replaced atomically).")],
     tools: Annotated[Optional[Path], typer.Option("--tools", help="OpenAI tool schemas (JSON list) for logs that lack them (used only where the log holds none).")] = None,
     system_template: Annotated[Optional[Path], typer.Option("--system-template", help="tau2-bench agent system prompt template with {domain_policy} (default: agent_system_prompt_template.txt beside the file).")] = None,
-    on_error: Annotated[str, typer.Option("--on-error", help="fail: stop at the first bad record and write nothing; skip: warn, count it and go on.")] = "fail",
+    on_error: Annotated[OnError, typer.Option("--on-error", help="fail: stop at the first bad record and write nothing; skip: warn, count it and go on.")] = "fail",
 ) -> None:
     """Convert real agent logs to canonical session JSONL (one session per line), validated."""
     from .importers import FORMATS, OPTIONS_READ, Options, import_files
@@ -532,9 +553,9 @@ def import_(
     for c in counts:
         notes = [c.format] + ([c.note] if c.note else []) + ([f"{len(c.skipped)} skipped"] if c.skipped else [])
         notes += [f"{n} {kind.replace('_', ' ')} dropped" for kind, n in sorted(c.dropped.items())]
-        say(out, f"{c.path}: {c.sessions} session{'s' if c.sessions != 1 else ''} ({', '.join(notes)})")
+        say(out, f"{c.path}: {plural(c.sessions, 'session')} ({', '.join(notes)})")
     total = sum(c.sessions for c in counts)
-    say(out, f"wrote {total} sessions to {output}")
+    say(out, f"wrote {plural(total, 'session')} to {output}")
 
 
 def _quiet_libraries() -> None:
@@ -544,6 +565,18 @@ def _quiet_libraries() -> None:
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     warnings.simplefilter("ignore")
+
+
+def _choice_refusal(message: str) -> Optional[str]:
+    """click's "Invalid value for '--format': 'x' is not one of 'table', 'markdown', 'json'." in this tool's
+    words, "--format x: expected one of table, markdown, json"; None for any other message."""
+    import re
+
+    m = re.fullmatch(r"Invalid value for '([^']+)': (?:Value error, )?'(.*)' is not one of (.*)\.", message, re.S)
+    if m is None:
+        return None
+    listed = ", ".join(re.findall(r"'([^']*)'", m.group(3)))
+    return f"{m.group(1)} {m.group(2)}: expected one of {listed}"
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -571,6 +604,10 @@ def main(argv: Optional[list[str]] = None) -> None:
             say(err, "aborted")
             sys.exit(130)
         if hasattr(e, "format_message") and hasattr(e, "exit_code") and not debug:
+            choice = _choice_refusal(e.format_message())
+            if choice is not None:
+                say(err, f"error: {choice}")
+                sys.exit(2)
             ctx = getattr(e, "ctx", None)
             hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
             say(err, f"error: {e.format_message()}{hint}")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .wording import plural
 from .metrics import CALIBRATION_TOLERANCE, Z_MAX
 from .literal import literal, markdown_literal
 from .report import Comparison, Delta, Report, Slice
@@ -77,7 +78,7 @@ def header_lines(report: Report, comparison: Comparison | None = None) -> list[s
     rec = report.recording
     lines = [
         f"run {report.path}  status={m.get('status')}  model={model}  dtype={m.get('dtype')}  Kmax={report.k}",
-        f"{len(report.sessions)} sessions, {o.anchors} anchors, {report.rows} rows; "
+        f"{plural(len(report.sessions), 'session')}, {plural(o.anchors, 'anchor')}, {plural(report.rows, 'row')}; "
         f"bootstrap {report.replicates} resamples of {unit} (seed {report.seed}), {report.level:.0%} intervals",
         f"draft cost c = {report.cost.c:.4f} ({report.cost.detail}); "
         f"v(K) = {', '.join(num(x, 3) for x in report.cost.verify_extra)}",
@@ -144,7 +145,7 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
         ))
     sw = o.session_weighted
     tables.append(TextTable(
-        title=f"session-weighted (mean over {o.sessions} sessions)",
+        title=f"session-weighted (mean over {plural(o.sessions, 'session')})",
         columns=("K", "α_k", "A_k", "τ_sim(K)", "τ(K) vLLM", "on-policy"),
         rows=tuple((str(k), num(sw.alpha[k - 1]), num(sw.accept_rate[k - 1]), num(sw.tau_sim[k - 1]), num(sw.tau[k - 1]),
                     num(sw.on_policy) if k == 1 else "") for k in range(1, K + 1)),
@@ -352,7 +353,7 @@ def plot(report: Report, path: str | Path, comparison: Comparison | None = None)
     right.grid(alpha=0.3)
     right.legend(loc="upper left", fontsize=8)
     gate = v.gate.text if v.enforced else "no gate"
-    fig.suptitle(f"{report.path.name}: {len(report.sessions)} sessions, {o.anchors} anchors, on-policy "
+    fig.suptitle(f"{report.path.name}: {plural(len(report.sessions), 'session')}, {plural(o.anchors, 'anchor')}, on-policy "
                  f"{num(o.value.on_policy)} — {v.status} ({gate})", fontsize=11)
     path = Path(path)
     fig.savefig(path, dpi=120)

@@ -23,6 +23,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
+from .wording import plural
+
 
 @dataclass(frozen=True)
 class ProgressState:
@@ -60,11 +62,6 @@ class ProgressState:
             return None
         total, _ = self.total_tokens
         return max(total - self.tokens_done, 0) / rate
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """'1 session', '2 sessions', '1,024 tokens'."""
-    return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
 
 def _short(n: float) -> str:

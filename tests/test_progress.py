@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 from mtp_observe.pipeline import Observer, ReplayOptions, replay
-from mtp_observe.progress import ProgressCounter, ProgressState, plural, progress_line, progress_lines
+from mtp_observe.progress import ProgressCounter, ProgressState, progress_line, progress_lines
+from mtp_observe.wording import plural
 
 
 class Clock:
