@@ -332,6 +332,7 @@ def replay(
     device_map: Annotated[Optional[str], typer.Option("--device-map", help="auto: spread a target too large for one GPU over all visible GPUs (needs accelerate).")] = None,
     chat_template: ChatTemplateOption = None,
     template_kwargs: TemplateKwargsOption = None,
+    part_sessions: Annotated[int, typer.Option("--part-sessions", metavar="N", help="Write the run's Parquet parts N sessions at a time at most (fewer when a part reaches 2M rows or a minute's work); 1: one part per session.")] = 256,
     progress_every: Annotated[float, typer.Option("--progress-every", metavar="SECONDS", help="Without a terminal (a CI log): print the progress line to stderr every SECONDS (0: never).")] = 30.0,
 ) -> None:
     """Replay sessions through the target with the MTP head alongside; write the run directory."""
@@ -349,7 +350,7 @@ def replay(
     opts = ReplayOptions(k=k, chunk_size=chunk_size, device=device, dtype=dtype,
                          profiles=_with_defaults(extra, model_dir), recorded_with=declared,
                          on_error=on_error, max_sessions=max_sessions, resume=resume, overwrite=overwrite,
-                         device_map=device_map, template=overrides)
+                         device_map=device_map, template=overrides, part_sessions=part_sessions)
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
     try:
         # A live line on a terminal, cleared when it stops (a failure leaves its error line alone); a plain
@@ -358,14 +359,22 @@ def replay(
             run_dir = run_replay(files, model_dir, out_path, opts, bundled=bundled, observer=progress if rank0 else None)
     except KeyboardInterrupt:  # run.json says "failed"; every finished session's part is complete on disk
         if rank0:
-            from .tables import done_parts
-
-            done = len(done_parts(out_path))  # a session is finished once both of its parts are on disk
-            say(err, f"interrupted: {done} finished session{'s are' if done != 1 else ' is'} kept in {out_path}; "
+            done = _sessions_kept(out_path)
+            say(err, f"interrupted: {plural(done, 'finished session')} {'is' if done == 1 else 'are'} kept in {out_path}; "
                      f"continue with the same command and --out {out_path} --resume")
         raise typer.Exit(130)
     if rank0:
         _print_replay_summary(run_dir)
+
+
+def _sessions_kept(run_dir: Path) -> int:
+    """The sessions an interrupted replay left on disk, as its run.json counts them (parts.counts_on_disk)."""
+    from .tables import read_manifest
+
+    try:
+        return int(read_manifest(run_dir).get("counts", {}).get("sessions_ok", 0))
+    except (UserError, ValueError, TypeError):
+        return 0
 
 
 def _print_replay_summary(run_dir: Path) -> None:

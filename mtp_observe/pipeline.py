@@ -105,6 +105,7 @@ class ReplayOptions:
     overwrite: bool = False
     device_map: str | None = None  # "auto": spread the target over every visible GPU (accelerate)
     template: object = None  # rendering.TemplateOverrides: --chat-template / --template-kwargs (None: the checkpoint's)
+    part_sessions: int = 256  # sessions per part file at most (parts.py; 1: a part per session, as before grouping)
 
 
 class Observer:
@@ -314,6 +315,8 @@ def _check_options(opts: ReplayOptions) -> None:
                           "acceptances; engines draft 1-8)")
     if opts.chunk_size < 1:
         raise OptionError(f"--chunk-size {opts.chunk_size}: must be at least 1")
+    if opts.part_sessions < 1:
+        raise OptionError(f"--part-sessions {opts.part_sessions}: must be at least 1 (sessions per part file)")
     if opts.on_error not in ("fail", "skip"):
         raise OptionError(f"--on-error {opts.on_error}: expected fail or skip")
     if opts.device_map not in (None, "auto"):
@@ -645,10 +648,29 @@ MAX_KEYS = ("max_request_tokens",)  # counts merged by their maximum, not their 
 
 def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, ranks: Ranks, observer: Observer,
                      fallback) -> dict:
-    """Replay the sessions this rank owns; finished parts of a resumed run are kept. Returns its counts and errors."""
+    """Replay the sessions this rank owns into grouped parts (parts.PartWriter); whatever stops it (a failure,
+    Ctrl-C), the sessions it finished are written first. Returns its counts and errors."""
+    from . import parts
+
+    writer = parts.PartWriter(out, max_sessions=opts.part_sessions)
+    try:
+        result = _replay_owned(files, out, opts, model, ranks, observer, fallback, writer)
+    except BaseException:
+        try:
+            writer.flush()
+        except Exception:  # e.g. the disk that failed the run is still full: its own error is what the user sees
+            pass
+        raise
+    writer.flush()
+    return result
+
+
+def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel, ranks: Ranks, observer: Observer,
+                  fallback, writer) -> dict:
+    """Replay the sessions this rank owns; finished sessions of a resumed run are kept. Returns its counts and errors."""
     import time
 
-    from . import tables
+    from . import parts, tables
     from .rendering import Renderer
     from .sessions import SessionError, Skipped, input_name, read_sessions
 
@@ -657,7 +679,9 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
     renderer = Renderer.from_model_dir(model.info.path, vocab_size=model.info.geometry.vocab_size, overrides=opts.template)
     server_default = generation_config_profile(model.info.path) or VLLM_DEFAULTS
     names = [p.name for p in opts.profiles] + [RECORDED]
-    done = tables.done_parts(out)
+    finished = parts.finished_sessions(out, opts.k, on_damaged=lambda path, why: observer.note(
+        f"{path}: {why}; recomputing its sessions")) if ranks.rank == 0 else None
+    finished = ranks.from_rank0(finished)  # rank 0 checks (and repairs) the parts once, before anyone writes
     counts = dict.fromkeys(COUNT_KEYS + MAX_KEYS, 0)
     errors: list[dict] = []
     per_file = {input_name(f): 0 for f in files}
@@ -682,13 +706,7 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
         if isinstance(item, Skipped):
             skip(item.index, item.path, item.line, item.session_id, item.message)
             continue
-        name = tables.part_name(item.index)
-        c = None
-        if name in done:
-            c, damaged = tables.finished_part(out, name, opts.k, item.id)
-            if c is None:  # e.g. a part cut short by a full disk or a bad copy: never kept, recomputed
-                observer.note(f"{out / tables.POSITIONS / name} (session {item.id}): {damaged}; recomputing it")
-                tables.remove_part(out, name)
+        c = finished[item.id].counts if item.id in finished else None  # a resumed run's finished session
         if c is None:
             try:
                 rendered = renderer.render(item)
@@ -709,8 +727,7 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
             positions = tables.positions_table(item.id, [(r.index, r.columns) for r in per_request], names)
             requests = tables.requests_table(item.id, rendered.requests, [r.fit for r in per_request], names,
                                              {"source": source, **recorded.as_dict()})
-            tables.write_part(positions, out / tables.POSITIONS, name)  # positions first: a session is
-            tables.write_part(requests, out / tables.REQUESTS, name)  # done once both parts exist
+            writer.add(item.index, positions, requests)  # written with the sessions before and after it (parts.py)
             c = {"requests": len(rendered.requests), "tokens_replayed": rendered.n_tokens,
                  "scored_tokens": rendered.scored_tokens, "rows": positions.num_rows,
                  "anchors": int((positions.column("depth").to_numpy() == 1).sum()),
@@ -733,8 +750,13 @@ def _finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> N
     counts.update({key: max(r.get("counts", {}).get(key, 0) for r in results) for key in MAX_KEYS})
     errors = sorted((e for r in results for e in r.get("errors", [])), key=lambda e: e["index"])
     manifest["errors"] = [{k: v for k, v in e.items() if k != "index"} for e in errors]
-    manifest["counts"] = counts
     failures = [r["failure"] for r in results if r.get("failure") is not None]
+    if failures:  # what the parts on disk hold (every rank flushed what it finished before failing)
+        from .parts import counts_on_disk
+
+        on_disk = counts_on_disk(out, manifest["k"])
+        counts = {**counts, **on_disk, "sessions_skipped": counts["sessions_skipped"]}
+    manifest["counts"] = counts
     if failures:
         manifest.update(status="failed", finished=_now(), failure=f"{type(failures[0]).__name__}: {failures[0]}")
     else:
