@@ -449,12 +449,13 @@ def report(
                                                          "(overrides run.json; default: the best-fitting candidate).")] = None,
     min_support: Annotated[float, typer.Option("--min-support", "--min-on-policy", help="A sampler fits the traffic only if at "
                                                "least this share of the recorded tokens is in its support.")] = 0.95,
-    fmt: Annotated[ReportFormat, typer.Option("--format", help="How the report is printed.")] = "table",
+    fmt: Annotated[Optional[ReportFormat], typer.Option("--format", help="How the report is printed (default: table).")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Write acceptance by depth and speedup vs K to this PNG.")] = None,
     baseline: Annotated[Optional[Path], typer.Option(help="Another run: show the tables as differences from it.")] = None,
     probe: Annotated[Optional[Path], typer.Option(help="probe.json from `mtp-observe probe`: measured c and v(K).")] = None,
     draft_cost: Annotated[Optional[float], typer.Option(help="c = draft step / target decode step (default: roofline).")] = None,
-    heatmap: Annotated[Optional[str], typer.Option(help="Show this session's text coloured by accepted length.")] = None,
+    heatmap: Annotated[Optional[str], typer.Option(help="Show this session's text coloured by accepted length (alone: only that; "
+                                                        "with --format/--gate/--plot/--baseline/--probe/--draft-cost: after the report).")] = None,
     html: Annotated[Optional[Path], typer.Option(help="Write the --heatmap session as a standalone HTML page.")] = None,
     replicates: Annotated[int, typer.Option(help="Bootstrap resamples of sessions.")] = 1000,
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
@@ -463,6 +464,8 @@ def report(
     from .report import parse_gate, read_and_summarize, report_json
     from .presentation import markdown, plot as draw, print_rich
 
+    report_too = heatmap is None or fmt is not None or any(x is not None for x in (gate, plot, baseline, probe, draft_cost))
+    fmt = fmt or "table"
     if fmt not in REPORT_FORMATS:
         raise OptionError(f"--format {fmt}: expected one of {', '.join(REPORT_FORMATS)}")
     if html is not None and heatmap is None:
@@ -471,9 +474,19 @@ def report(
     check_writable(html, "--html", (".html", ".htm"))
     if heatmap is not None and html is None and fmt != "table":
         raise OptionError(f"--heatmap prints to the terminal, which --format {fmt} keeps for the report: add --html FILE")
+    loaded, view = None, None
+    if heatmap is not None:  # the id is checked before any computing, and the heatmap alone is all that is shown
+        from .heatmap import session_view
+        from .report import load_run, newest_run
+
+        loaded = load_run(run if run is not None else newest_run("reports"))
+        view = session_view(loaded, heatmap)
+        if not report_too:
+            _show_heatmap(view, html)
+            return
     reading = read_and_summarize(run, baseline=baseline, probe=probe, draft_cost=draft_cost,
                                  gate=parse_gate(gate) if gate is not None else None, min_support=min_support,
-                                 recorded_with=recorded_with, replicates=replicates, seed=seed)
+                                 recorded_with=recorded_with, replicates=replicates, seed=seed, loaded=loaded)
     result, comparison = reading.report, reading.comparison
     if fmt == "json":
         print(json.dumps(report_json(result, comparison), indent=2))
@@ -484,15 +497,19 @@ def report(
     sys.stdout.flush()
     if plot is not None:
         write_output(plot, "--plot", lambda p: draw(result, p, comparison))
-    if heatmap is not None:
-        from .heatmap import html_page, print_terminal, session_view
-
-        view = session_view(reading.run, heatmap)
-        if html is not None:
-            write_output(html, "--html", lambda p: p.write_text(html_page(view), encoding="utf-8"))
-        else:
-            print_terminal(view, out)
+    if view is not None:
+        _show_heatmap(view, html)
     raise typer.Exit(code=result.verdict.exit_code)
+
+
+def _show_heatmap(view, html: Optional[Path]) -> None:
+    """The --heatmap session on the terminal, or as the --html page."""
+    from .heatmap import html_page, print_terminal
+
+    if html is not None:
+        write_output(html, "--html", lambda p: p.write_text(html_page(view), encoding="utf-8"))
+    else:
+        print_terminal(view, out)
 
 
 @app.command()

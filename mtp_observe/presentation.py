@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .wording import plural
 from .metrics import CALIBRATION_TOLERANCE, Z_MAX
-from .literal import literal, markdown_literal
+from .literal import literal, markdown_literal, prose
 from .report import Comparison, Delta, Report, Slice
+from .wording import plural
 
 MAX_SESSIONS_SHOWN = 20  # the session table shows the lowest-τ_sim sessions; JSON has them all
 FLAG = "⚑"
@@ -263,7 +263,7 @@ def print_rich(report: Report, comparison: Comparison | None, console) -> None:
     from rich.table import Table
 
     for line in header_lines(report, comparison):
-        console.print(literal(line), soft_wrap=True)
+        prose(console, line)
     for t in report_tables(report, comparison):
         groups = column_groups(t.columns, t.rows, console.width)
         for n, group in enumerate(groups):
@@ -277,11 +277,11 @@ def print_rich(report: Report, comparison: Comparison | None, console) -> None:
                 table.add_row(*[literal(row[i]) for i in group])
             console.print(table)
         if len(groups) > 1 and t.caption:  # the whole width, not the last part's
-            console.print(literal(t.caption, "dim"))
+            prose(console, t.caption, "dim")
     for note in report.notes:
-        console.print(literal(f"note: {note}", "yellow"), soft_wrap=True)
+        prose(console, f"note: {note}", "yellow")
     colour = {"GO": "bold green", "NO-GO": "bold red", "UNRELIABLE": "bold yellow"}[report.verdict.status]
-    console.print(literal(verdict_line(report), colour), soft_wrap=True)
+    prose(console, verdict_line(report), colour)
 
 
 def markdown(report: Report, comparison: Comparison | None = None) -> str:

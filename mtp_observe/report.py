@@ -1204,6 +1204,7 @@ def read_and_summarize(
     replicates: int = 1000,
     seed: int = 0,
     root: str | Path = "reports",
+    loaded: Run | None = None,
 ) -> Reading:
     """What `mtp-observe report` computes. The run defaults to the newest under root. An explicit cost
     (--probe, --draft-cost) applies to the baseline too, so differences come from acceptance alone;
@@ -1214,7 +1215,7 @@ def read_and_summarize(
         raise OptionError(f"--seed {seed}: expected an integer >= 0")
     if not 0.0 <= min_support <= 1.0:
         raise OptionError(f"--min-support {min_support}: expected a rate between 0 and 1")
-    run = load_run(path if path is not None else newest_run(root))
+    run = loaded if loaded is not None else load_run(path if path is not None else newest_run(root))  # loaded: read already
     options = dict(replicates=replicates, seed=seed, gate=gate, min_support=min_support)
     report = summarize(run, resolve_cost(run, probe, draft_cost), recorded_with=recorded_with, **options)
     comparison = None

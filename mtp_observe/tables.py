@@ -529,6 +529,6 @@ def remove_temporaries(run_dir: Path) -> None:
 
 
 def remove_part(run_dir: Path, name: str) -> None:
-    """Both parts of one session (to recompute it)."""
+    """Both tables' part `name` (to recompute its sessions)."""
     for table in (REQUESTS, POSITIONS):
         _unlink_quietly(Path(run_dir) / table / name)
