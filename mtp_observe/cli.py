@@ -437,9 +437,12 @@ def generate(
                       TextColumn("{task.fields[tokens]}", markup=False), TextColumn("{task.fields[rate]}", markup=False),
                       TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal) as progress:
             summary = run_generate(files, model_dir, output, opts, observer=_GenerationProgress(progress))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # every session written so far is whole in the partial file
         partial = output.with_name(output.name + ".partial")
-        say(err, f"interrupted: the sessions written so far are kept in {partial}; continue with the same command and --resume")
+        if partial.exists():
+            say(err, f"interrupted: the sessions written so far are kept in {partial}; continue with the same command and --resume")
+        else:
+            say(err, "interrupted before any session was written; nothing is kept")
         raise typer.Exit(130)
     p = summary.profile
     say(out, f"generated {summary.turns:,} turns ({summary.tokens:,} tokens, {summary.tokens_per_s:,.1f} tok/s; "

@@ -74,12 +74,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .errors import CheckpointError, InputError, OptionError
+from .sessions import MAX_SPECULATIVE_K
 from .target import Distribution, PenaltyState, SamplingProfile, sampler_distribution
 
 MIN_PREFILL_CHUNK = 64  # a padded prefill chunk is never one token long (module docstring)
 WINDOW_BATCHES = 4  # sessions are read until this many batches of turns are pending, then sorted by prompt length
-MAX_SPECULATIVE_K = 32  # as replay's MAX_K
-STOPS = ("eos", "length")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,7 +89,6 @@ STOPS = ("eos", "length")
 class TurnPrompt:
     """One assistant turn to generate: its recorded context, rendered with the generation prompt."""
 
-    session_index: int  # position of the session in the input stream
     session_id: str
     turn: int  # the span's turn: the assistant message's index (a token-level record: the request's index)
     prompt: tuple[int, ...]  # [n] token ids, exactly what replay scores the recorded turn against
@@ -99,7 +97,7 @@ class TurnPrompt:
 def turn_prompts(rendered) -> list[TurnPrompt]:
     """rendering.RenderedSession -> one TurnPrompt per scored span, in order (request.input_ids[:span.start])."""
     session = rendered.session
-    return [TurnPrompt(session.index, session.id, span.turn, tuple(request.input_ids[: span.start]))
+    return [TurnPrompt(session.id, span.turn, tuple(request.input_ids[: span.start]))
             for request in rendered.requests for span in request.spans]
 
 
@@ -421,48 +419,6 @@ def _text(value: str) -> str:
         return visible(value)
 
 
-def speculative_steps(session) -> list[dict] | None:
-    """A token-level session's meta.speculative, checked against its requests: one {"k", "anchors",
-    "accepted"} per request, or None without it. Raises SessionError naming what is wrong.
-
-    Anchors lie in the completion's [s, e-1] (s = the prompt's length, e the last token's index), strictly
-    increasing; accepted lengths are 0..k."""
-    from .sessions import SessionError
-
-    meta = session.meta if isinstance(session.meta, dict) else {}
-    spec = meta.get("speculative")
-    if spec is None:
-        return None
-
-    def bad(what: str):
-        return SessionError(session.path, session.line, session.id, f"meta.speculative {what}; fix it or drop meta.speculative")
-
-    if not session.is_token_level:
-        raise bad("belongs to token-level records (generate writes it), not to a chat session")
-    if not isinstance(spec, dict):
-        raise bad("must be an object")
-    k = spec.get("k")
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_K:
-        raise bad(f"k is {k!r}, expected an integer 1..{MAX_SPECULATIVE_K}")
-    out = []
-    for key in ("anchors", "accepted"):
-        if not isinstance(spec.get(key), list) or len(spec[key]) != len(session.token_requests):
-            raise bad(f"{key} must hold one list per request ({len(session.token_requests)})")
-    for j, (request, anchors, accepted) in enumerate(zip(session.token_requests, spec["anchors"], spec["accepted"])):
-        s = len(request.prompt_token_ids)
-        e = s + len(request.completion_token_ids) - 1
-        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in list(anchors) + list(accepted)) \
-            if isinstance(anchors, list) and isinstance(accepted, list) else False
-        if not ints or len(anchors) != len(accepted):
-            raise bad(f"request {j}: anchors and accepted must be lists of integers of one length")
-        if any(not s <= p < e for p in anchors) or any(b <= a for a, b in zip(anchors, anchors[1:])):
-            raise bad(f"request {j}: anchors must increase within the completion's positions {s}..{e - 1}")
-        if any(not 0 <= a <= k for a in accepted):
-            raise bad(f"request {j}: accepted lengths must lie in 0..{k}")
-        out.append({"k": k, "anchors": list(anchors), "accepted": list(accepted)})
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # 6. The command
 
@@ -578,34 +534,44 @@ class Output:
     (from the output itself when there is no partial file: more sessions appended to a finished output)."""
 
     def __init__(self, output: Path, resume: bool, identity: dict, sampling: dict):
-        import fcntl
-
         self.output = output
         self.partial = output.with_name(output.name + ".partial")
         self.note: str | None = None  # what resuming noticed (a line cut short), for the user
-        self.done: dict[str, int] = {}  # session ids already written -> their line in the partial file
-        source = self.partial if self.partial.exists() else output if resume and output.exists() else None
-        if self.partial.exists() and not resume:
-            raise OptionError(f"{self.partial}: an interrupted generate's output; continue it with --resume (the same "
-                              "inputs and options), or delete it to start over")
-        kept = self._read(source, identity, sampling) if resume and source is not None else b""
+        self.done: dict[str, int] = {}  # session ids already written -> their line in the file resumed
+        self.written = 0  # records this run wrote
+        self.created = not self.partial.exists()  # this run makes the partial file (nothing of an earlier run is in it)
         try:
-            self.file = open(self.partial, "ab" if source == self.partial else "wb")
+            # 1. Take the partial file (an existing one only if no other generate holds it), locked until the end.
+            self.file = open(self.partial, "xb" if self.created else "ab")
+        except FileExistsError:
+            raise OptionError(f"{self.partial}: another mtp-observe generate is writing it; wait for it or choose another -o") from None
         except OSError as e:
             raise OptionError(f"-o {output}: cannot write {self.partial} ({e.strerror}); choose another path") from None
+        self._lock()
+        try:
+            # 2. What is already written: the partial file's complete lines, or (--resume) a finished output's.
+            if not self.created and not resume:
+                raise OptionError(f"{self.partial}: an interrupted generate's output; continue it with --resume (the same "
+                                  "inputs and options), or delete it to start over")
+            source = self.partial if not self.created else output if resume and output.exists() else None
+            kept = self._read(source, identity, sampling) if source is not None else b""
+            if source == self.partial:
+                self.file.truncate(len(kept))  # a last line cut short by a kill is dropped (its session is generated again)
+            else:
+                self.file.write(kept)
+            self._sync()
+        except BaseException:
+            self.close(failed=True)
+            raise
+
+    def _lock(self) -> None:
+        import fcntl
+
         try:
             fcntl.flock(self.file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             self.file.close()
-            raise OptionError(f"{self.partial}: another mtp-observe generate is writing it; wait for it or choose another -o")
-        self.created = source != self.partial  # this run made the partial file (nothing of an earlier run is in it alone)
-        self.written = 0  # records this run wrote
-        if source == self.partial:
-            self.file.truncate(len(kept))  # a last line cut short by a kill is dropped (its session is generated again)
-            self.file.seek(len(kept))
-        else:
-            self.file.write(kept)
-        self._sync()
+            raise OptionError(f"{self.partial}: another mtp-observe generate is writing it; wait for it or choose another -o") from None
 
     def _read(self, source: Path, identity: dict, sampling: dict) -> bytes:
         """The complete lines of the file to resume, checked to come from this run's settings; sets self.done."""
@@ -779,6 +745,9 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
                 pending = _Pending()
         if pending.sessions:
             flush(pending)
+        if counts["sessions"] == 0 and not out.done:
+            raise InputError(f"no session was generated ({len(skipped)} skipped: {skipped[0].message if skipped else 'none'}); "
+                             "fix the inputs, or pass others")
         out.finish()
     except NonFiniteLogits as e:
         out.close(failed=True)
@@ -789,7 +758,8 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
         raise
     out.close()
     return Summary(output=output, profile=profile, sessions=counts["sessions"], kept=len(out.done), turns=counts["turns"],
-                   tokens=counts["tokens"], prompt_tokens=counts["prompt_tokens"], dropped=counts["dropped"], skipped=tuple(skipped), wall_s=time.time() - started)
+                   tokens=counts["tokens"], prompt_tokens=counts["prompt_tokens"], dropped=counts["dropped"],
+                   skipped=tuple(skipped), wall_s=time.time() - started)
 
 
 def _complete(model, prompts: list[TurnPrompt], settings: Settings, batch_size: int, observer: Observer) -> list[Completion]:

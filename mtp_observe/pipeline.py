@@ -629,9 +629,8 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
     import time
 
     from . import tables
-    from .generation import speculative_steps
     from .rendering import Renderer
-    from .sessions import SessionError, Skipped, input_name, read_sessions
+    from .sessions import SessionError, Skipped, input_name, read_sessions, speculative_steps
 
     from .target import VLLM_DEFAULTS, generation_config_profile
 

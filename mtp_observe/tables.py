@@ -222,7 +222,7 @@ def requests_table(session_id: str, requests, fits: list[dict] | None = None, pr
 
     fits: per request {"tokens": [N], "<stat>_<profile>": [N]} over its N spans; recorded: the
     recorded_sampling struct of the session (source and parameters); speculative: per request
-    {"k", "anchors", "accepted"} (generation.speculative_steps), or None.
+    {"k", "anchors", "accepted"} (sessions.speculative_steps), or None.
     """
     data = {
         "session_id": [session_id] * len(requests),

@@ -400,3 +400,28 @@ def test_the_generation_benchmark_measures_and_prices_a_tiny_workload(tmp_path):
     assert all(r["tokens"] > 0 and r["tokens_per_s"] > 0 and r["prompt_tokens"] > 0 for r in result["measured"])
     one, four = result["roofline"]["bundled"]
     assert four["step_bytes"] > one["step_bytes"] and four["gpu_s_per_1m_generated"] < one["gpu_s_per_1m_generated"]
+
+
+def test_a_second_generate_on_the_same_output_is_refused_while_the_first_holds_it(tmp_path):
+    from mtp_observe.errors import OptionError
+    from mtp_observe.generation import Output
+
+    out = tmp_path / "own.jsonl"
+    first = Output(out, resume=False, identity={}, sampling={})
+    try:
+        for resume in (False, True):
+            with pytest.raises(OptionError, match="another mtp-observe generate is writing it"):
+                Output(out, resume=resume, identity={}, sampling={})
+    finally:
+        first.close()
+    assert out.with_name("own.jsonl.partial").exists()  # the first run's file is not the second's to remove
+
+
+def test_inputs_of_which_no_session_can_be_generated_are_one_line_and_leave_nothing(tiny_checkpoint, tmp_path):
+    from mtp_observe.errors import InputError
+
+    bad = _write(tmp_path / "bad.jsonl", [{"id": "broken", "messages": [{"role": "robot", "content": "x"}]}])
+    out = tmp_path / "own.jsonl"
+    with pytest.raises(InputError, match="no session was generated \\(1 skipped: .*unknown role"):
+        generate([bad], tiny_checkpoint, out, GenerateOptions(max_new_tokens=3, device="cpu", on_error="skip"))
+    assert not out.exists() and not out.with_name("own.jsonl.partial").exists()
