@@ -94,6 +94,12 @@ def header_lines(report: Report, comparison: Comparison | None = None) -> list[s
         f"best K = {k}: speedup {cell(o, 'speedup', k - 1)} from τ_sim {cell(o, 'tau_sim', k - 1)}; "
         f"mean acceptance length τ(K) (vLLM's per-position formula) {cell(o, 'tau', k - 1)}",
     ]
+    for c in report.speculative:
+        state = (f"agree at all {c.steps} steps" if c.agrees else f"not compared ({c.first_difference})"
+                 if c.replay_steps is None else f"DIFFER ({c.agree} of {c.steps} steps agree; first: {c.first_difference})")
+        lines.append(f"speculative loop (generate --speculative {c.k}, {c.requests} turns): {num(c.tokens_per_step)} tokens "
+                     f"per step over {c.steps} steps; the replay's τ_sim({c.k}) on the same turns {num(c.replay_tau_sim)} — "
+                     f"{state}")
     if comparison is not None:
         lines.append(f"baseline {comparison.baseline_path}: differences current - baseline over K <= {comparison.k}; "
                      f"{FLAG} = the difference's {report.level:.0%} interval excludes 0; {comparison.note}")
