@@ -172,6 +172,29 @@ def test_the_report_of_a_model_free_run_says_what_it_cannot_compute_and_does_not
         "error: --drafter mtp: the run has no rows of it; it has ngram, suffix")
 
 
+def test_token_level_input_replays_model_free_through_a_tokenizer_only_directory(tokenizer_only, tmp_path):
+    """Token-level records (prompt and completion ids) with ngram and suffix only: no weights read, and the rows
+    are the drafters' proposals over exactly those ids — a completion that repeats its prompt is drafted whole."""
+    rng = np.random.default_rng(3)
+    base = [int(x) for x in rng.integers(100, 2000, size=200)]
+    records = [{"id": "copy", "prompt_token_ids": base, "completion_token_ids": base[:120]},
+               {"id": "fresh", "prompt_token_ids": base, "completion_token_ids": [int(x) for x in rng.integers(2000, 4000, size=120)]}]
+    path = tmp_path / "tokens.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = replay([path], tokenizer_only, tmp_path / "run", ReplayOptions(k=4, drafters=("ngram", "suffix")))
+    manifest = json.loads((run / "run.json").read_text())
+    assert manifest["target_ran"] is False and manifest["model"]["weights_fingerprint"] is None
+    rows = pd.read_parquet(run / "positions.parquet")
+    ngram = NgramDrafter()
+    for session, tokens, spans in requests_of(run):
+        assert tokens.tolist() == dict((r["id"], r["prompt_token_ids"] + r["completion_token_ids"]) for r in records)[session][:len(tokens)]
+        got = drafter_rows(rows, "ngram", 4, session, 0)
+        assert list(zip(got.pos, got.depth, got.draft_token, got.match, got.accepted)) == expected_rows(
+            tokens, spans, ngram.propose(tokens, spans, 4).tokens, 4)
+    tau = {s.name: s.value.tau_sim[3] for s in read_and_summarize(run, drafter="ngram", replicates=20).report.sessions}
+    assert tau["copy"] > 4.0 and tau["fresh"] < 1.05, tau  # K + 1 = 5, less the anchors whose last 5 tokens straddle the seam
+
+
 # --- the acceptance point: through replay and report ---------------------------------------------
 
 
