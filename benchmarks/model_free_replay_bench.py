@@ -11,7 +11,8 @@ would be refused by replay, so such a file is left out and said), or the canonic
 generation_config.json; no config.json, no weights): the replay loads no weights because it needs none.
 
 Each command runs as a child process of this one, which imports nothing heavy; its peak resident memory is the
-OS's own count for that process (`os.wait4`, ru_maxrss), its time the wall clock around it.
+OS's own count for that process (`os.wait4`, ru_maxrss), its time the wall clock around it and its CPU time
+(ru_utime + ru_stime: what to compare on a shared machine).
 """
 
 from __future__ import annotations
@@ -30,15 +31,16 @@ ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja")
 
 
-def timed(cmd: list[str], stdout=subprocess.DEVNULL) -> tuple[float, float]:
-    """(wall seconds, peak RSS MB) of a child process; it must succeed."""
+def timed(cmd: list[str], stdout=subprocess.DEVNULL) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds — user + system —, peak RSS MB) of a child process; it must succeed. On a machine
+    shared with other jobs the CPU time is the figure to compare, the wall time an upper bound."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     err = proc.stderr.read().decode(errors="replace")
     assert os.waitstatus_to_exitcode(status) == 0, f"{' '.join(cmd[:4])} failed: {err[-2000:]}"
-    return wall, usage.ru_maxrss / 1024  # KiB on Linux
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024  # KiB on Linux
 
 
 def corpus_root() -> Path:
@@ -87,11 +89,11 @@ def main() -> None:
         files, left_out = (list(args.input), []) if args.input else import_corpus(work)
         import_s = time.perf_counter() - t0
         run = work / "run"
-        replay_s, replay_mb = timed([sys.executable, "-m", "mtp_observe", "replay", *map(str, files), "--model", str(model),
+        replay_s, replay_cpu_s, replay_mb = timed([sys.executable, "-m", "mtp_observe", "replay", *map(str, files), "--model", str(model),
                                      "--drafters", args.drafters, "--k", str(args.k), "--out", str(run)])
         report_json = work / "report.json"
         with open(report_json, "w") as f:
-            report_s, report_mb = timed([sys.executable, "-m", "mtp_observe", "report", str(run), "--format", "json"], stdout=f)
+            report_s, report_cpu_s, report_mb = timed([sys.executable, "-m", "mtp_observe", "report", str(run), "--format", "json"], stdout=f)
         manifest = json.loads((run / "run.json").read_text())
         report = json.loads(report_json.read_text())
     counts = manifest["counts"]
@@ -99,8 +101,9 @@ def main() -> None:
         "k": args.k, "drafters": args.drafters.split(","), "files": len(files), "left_out": left_out,
         "sessions": counts["sessions_ok"], "skipped": counts["sessions_skipped"], "requests": counts["requests"],
         "tokens": counts["tokens_replayed"], "anchors": counts["anchors"], "rows": counts["rows"],
-        "import_s": import_s, "replay_s": replay_s, "replay_peak_rss_mb": replay_mb,
-        "report_s": report_s, "report_peak_rss_mb": report_mb,
+        "import_s": import_s, "replay_s": replay_s, "replay_cpu_s": replay_cpu_s, "replay_peak_rss_mb": replay_mb,
+        "report_s": report_s, "report_cpu_s": report_cpu_s, "report_peak_rss_mb": report_mb,
+        "load_average": os.getloadavg()[0],
         "drafting": manifest["timing"].get("drafting", {}),
         "tau_sim": {name: d["overall"]["value"]["tau_sim"] for name, d in report["drafters"]["by_drafter"].items()},
         "alpha_1": {name: d["overall"]["value"]["alpha"][0] for name, d in report["drafters"]["by_drafter"].items()},
@@ -108,8 +111,8 @@ def main() -> None:
     print(f"{result['sessions']} sessions ({result['skipped']} skipped), {result['requests']} requests, "
           f"{result['tokens']:,} tokens, {result['anchors']:,} anchors, {result['rows']:,} rows; K = {args.k}"
           + (f"; left out: {'; '.join(left_out)}" if left_out else ""))
-    print(f"import {import_s:.1f} s · replay {replay_s:.1f} s, peak RSS {replay_mb:.0f} MB · report {report_s:.1f} s, "
-          f"peak RSS {report_mb:.0f} MB")
+    print(f"import {import_s:.1f} s · replay {replay_s:.1f} s ({replay_cpu_s:.1f} s CPU), peak RSS {replay_mb:.0f} MB · "
+          f"report {report_s:.1f} s ({report_cpu_s:.1f} s CPU), peak RSS {report_mb:.0f} MB · load {result['load_average']:.1f}")
     for part, t in result["drafting"].items():
         print(f"  drafting {part:14} {t['seconds']:8.2f} s  {1e6 * t['seconds'] / max(t['anchors'], 1):8.1f} µs/anchor")
     for name, tau in result["tau_sim"].items():
