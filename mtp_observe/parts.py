@@ -113,9 +113,13 @@ class PartWriter:
         return len(self._positions)
 
 
-def _session_counts(req: pa.Table, pos: pa.Table, k: int) -> tuple[dict[str, dict] | None, str | None]:
+def _session_counts(req: pa.Table, pos: pa.Table, k: int, draft_ks: list[int] | None = None
+                    ) -> tuple[dict[str, dict] | None, str | None]:
     """One part's sessions -> {session_id: counts}, or (None, what is wrong): positions must hold, for every
-    session, exactly the rows its requests' spans imply (min(k, e - p) depths at every anchor p of every span)."""
+    session, exactly the rows its requests' spans imply — min(K', e - p) depths at every anchor p = max(s, 1)..e-1
+    of every span [s, e], once for every draft length K' of every drafter (draft_ks, e.g. [4, 1, 2, 3, 4] for
+    mtp and suffix; None: [k], an mtp-only run). anchors counts each anchor once, whatever the drafters."""
+    draft_ks = draft_ks or [k]
     import pyarrow.compute as pc
 
     if req.num_rows == 0:
@@ -126,7 +130,6 @@ def _session_counts(req: pa.Table, pos: pa.Table, k: int) -> tuple[dict[str, dic
         return dict(zip(counted.field("values").to_pylist(), counted.field("counts").to_pylist()))
 
     rows = per_session(pos.column("session_id")) if pos.num_rows else {}
-    anchors = per_session(pos.filter(pc.equal(pos.column("depth"), 1)).column("session_id")) if pos.num_rows else {}
     out: dict[str, dict] = {}
     expected: dict[str, int] = {}
     for sid, spans, n in zip(req.column("session_id").to_pylist(), req.column("spans").to_pylist(),
@@ -137,13 +140,14 @@ def _session_counts(req: pa.Table, pos: pa.Table, k: int) -> tuple[dict[str, dic
         c["tokens_replayed"] += n
         c["max_request_tokens"] = max(c["max_request_tokens"], n)
         c["scored_tokens"] += sum(sp["end"] - sp["start"] + 1 for sp in spans)
-        expected[sid] = expected.get(sid, 0) + sum(min(k, sp["end"] - p) for sp in spans
+        c["anchors"] += sum(max(sp["end"] - max(sp["start"], 1), 0) for sp in spans)
+        expected[sid] = expected.get(sid, 0) + sum(min(kk, sp["end"] - p) for kk in draft_ks for sp in spans
                                                    for p in range(max(sp["start"], 1), sp["end"]))
     strangers = sorted(set(rows) - set(out))
     if strangers:
         return None, f"positions hold session(s) {strangers[:3]} that its requests do not"
     for sid, c in out.items():
-        c["rows"], c["anchors"] = rows.get(sid, 0), anchors.get(sid, 0)
+        c["rows"] = rows.get(sid, 0)
         if c["rows"] != expected[sid]:
             return None, f"holds {c['rows']} rows of session {sid} where its spans imply {expected[sid]}"
     return out, None
@@ -155,17 +159,17 @@ class Finished:
     counts: dict  # requests, tokens_replayed, scored_tokens, anchors, rows, max_request_tokens
 
 
-def read_part(run_dir: Path, name: str, k: int) -> tuple[dict[str, dict] | None, str | None]:
+def read_part(run_dir: Path, name: str, k: int, draft_ks: list[int] | None = None) -> tuple[dict[str, dict] | None, str | None]:
     """({session_id: counts}, None) for a part whose two tables read back whole, or (None, what is wrong)."""
     try:
         req = pq.read_table(Path(run_dir) / tables.REQUESTS / name, columns=["session_id", "n_tokens", "spans"])
         pos = pq.read_table(Path(run_dir) / tables.POSITIONS / name, columns=["session_id", "depth"])
     except (OSError, pa.ArrowException) as e:
         return None, f"cannot be read back ({tables._one_line(e)})"
-    return _session_counts(req, pos, k)
+    return _session_counts(req, pos, k, draft_ks)
 
 
-def finished_sessions(run_dir: Path, k: int, on_damaged=None) -> dict[str, Finished]:
+def finished_sessions(run_dir: Path, k: int, draft_ks: list[int] | None = None, on_damaged=None) -> dict[str, Finished]:
     """Every session in a part present in both tables and whole (for --resume). A damaged part is removed (both
     tables) after on_damaged(path, reason) hears of it; its sessions are then not finished. A part in one table
     only (killed between the two renames) is removed: its sessions are recomputed into a part that may be
@@ -178,7 +182,7 @@ def finished_sessions(run_dir: Path, k: int, on_damaged=None) -> dict[str, Finis
             if p.name not in done:
                 p.unlink()
     for name in sorted(done):
-        sessions, damaged = read_part(run_dir, name, k)
+        sessions, damaged = read_part(run_dir, name, k, draft_ks)
         if sessions is None:
             if on_damaged is not None:
                 on_damaged(Path(run_dir) / tables.POSITIONS / name, damaged)
@@ -192,12 +196,12 @@ def finished_sessions(run_dir: Path, k: int, on_damaged=None) -> dict[str, Finis
 COUNTED = ("requests", "tokens_replayed", "scored_tokens", "anchors", "rows")
 
 
-def counts_on_disk(run_dir: Path, k: int) -> dict:
+def counts_on_disk(run_dir: Path, k: int, draft_ks: list[int] | None = None) -> dict:
     """run.json's counts of what the parts on disk hold (sessions_ok and the sums; max_request_tokens a maximum).
     Parts that do not read back whole are left out (and left alone: --resume deals with them)."""
     counts = dict.fromkeys(("sessions_ok",) + COUNTED + ("max_request_tokens",), 0)
     for name in sorted(tables.done_parts(run_dir)):
-        sessions, _ = read_part(run_dir, name, k)
+        sessions, _ = read_part(run_dir, name, k, draft_ks)
         for c in (sessions or {}).values():
             counts["sessions_ok"] += 1
             for key in COUNTED:

@@ -4,7 +4,7 @@ Contract (PRODUCT.md): a run directory holds
 
     run.json            the manifest (keys below)
     requests.parquet    one row per replayed request
-    positions.parquet   one row per (anchor, depth)
+    positions.parquet   one row per (anchor, depth) — per drafter and draft length in a run of several drafters
     .mtp-observe.lock   while a replay writes it: the lock file (below); removed when the replay ends
 
 Both Parquet paths are datasets: a single file or a directory of part files. This tool
@@ -20,7 +20,7 @@ directory only ever holds complete parts and a killed run leaves nothing there t
 would pick up: pyarrow.dataset, pandas, polars and duckdb all read such a run (tested with each;
 polars refuses a directory holding a file of another extension, so a temporary inside it would
 break polars). Rows are grouped by session in input order and, within a session, sorted by
-(request, pos, depth).
+(request, pos, depth) — by (drafter, draft_k, request, pos, depth) with drafters.
 
 This module imports no torch: the report reads through it.
 
@@ -28,6 +28,41 @@ Schema history: version 2 added the recording-sampler sums (requests.parquet `fi
 each session was scored with (`recorded_sampling`), the profiles' penalties and min-p, the
 `recorded` and `greedy` profiles, and run.json's `recorded_with`, `model.generation_config`,
 `model.max_position_embeddings`, `model.rope_scaling`; the report reads version 1 and says what it lacks.
+Within version 2 (keys only added): every drafter on the same anchors — run.json `drafters` and `target_ran`,
+positions.parquet `drafter` and `draft_k` (below). A run without them is an mtp-only run (`drafters` absent:
+{"mtp"}, `target_ran` absent: true), so older version-2 and version-1 runs read as before.
+
+Drafters (`replay --drafters mtp,ngram,suffix,hybrid,hybrid_longer`; drafters/roster.py):
+    positions.parquet, when the run has any drafter besides mtp (an mtp-only run is written without them):
+    drafter             dictionary<int8, string>: mtp | ngram | suffix | hybrid | hybrid_longer, one block of
+                        rows per drafter, each with the same anchors and the definitions of ACCEPTANCE.md
+                        (match, accepted, the target's columns where the target ran)
+    draft_k             int8: the draft length K' the row's draft was made for (vLLM's num_speculative_tokens).
+                        mtp and ngram: Kmax only (their draft at K is the first K tokens of the one at Kmax).
+                        suffix, hybrid, hybrid_longer: K' = 1..Kmax, rows at depths 1..min(K', e - p) of the draft
+                        made for K' — suffix decoding picks its match by a score that depends on K (and the
+                        hybrids' threshold is K), so the draft at K' is not the Kmax draft cut at K'; the report's
+                        τ_sim(K) walks the draft_k = K rows, its α_k / A_k / τ(K) read the draft_k = Kmax rows
+    draft_token         -1 where the drafter proposes nothing at that depth (a proposal is a chain that stops):
+                        match and accepted false, target_logprob NaN, every p_accept_<profile> 0
+    draft_logprob       the head's log-prob where the head's draft is the row's (mtp; a hybrid that took it),
+                        NaN for a model-free draft (ngram, suffix; a hybrid that took suffix's)
+    target columns      target_token, target_logprob, actual_logprob and p_accept_<profile> are absent when no
+                        target ran: a replay whose drafters are all model-free (ngram, suffix) loads no weights
+run.json:
+    drafters            {name: parameters, "draft_k": [K' its rows are written for]}, --drafters order: ngram
+                        {"prompt_lookup_min", "prompt_lookup_max", "max_model_len"}; suffix {"max_tree_depth",
+                        "max_cached_requests", "max_spec_factor", "max_spec_offset", "min_token_prob",
+                        "max_model_len"}; hybrid {"policy", "suffix": {..., "max_spec_tokens"}}; hybrid_longer
+                        {"policy", "suffix"}; mtp {}. Part of the run's identity (--resume needs the same)
+    target_ran          false for a model-free replay: then sampling is {}, dtype null, device "cpu",
+                        model.head_tensors / weights_fingerprint / numerics / roofline / roofline_by_precision
+                        null (no weights were read), requests.parquet `fit` holds only "tokens" per span and
+                        `recorded_sampling` is null
+    timing.drafting     {part: {"seconds", "anchors"}}: CPU time the model-free drafters spent proposing in this
+                        run (parts: ngram, suffix, suffix_hybrid — the hybrid's deeper suffix tree) and the anchors
+                        they proposed at (a resumed run counts what it drafted itself)
+    counts.anchors      anchors per drafter (every drafter drafts at the same ones); counts.rows: every drafter's
 
 run.json keys:
     schema_version      2 (version-1 runs are read too; they lack the keys marked "v2": among them
@@ -76,6 +111,11 @@ requests.parquet columns added in version 2:
                         recorded prefix (ACCEPTANCE.md, "The recording sampler")
     recorded_sampling   struct: "source" ("session": its meta.sampling, or the fallback named in
                         run.json sampling.recorded) and the seven parameters the `recorded` profile used
+    speculative         struct or null: what `generate --speculative K` recorded for the request (its session's
+                        meta.speculative; null for any other): "k" int32 (the loop's K), "anchors" list<int32> (each
+                        verify step's anchor p, an index into input_ids), "accepted" list<int32> (the drafts the step
+                        kept, 0..k); the report sets the loop's tokens per step beside the replay's τ_sim (added
+                        within version 2: a run without the column has no loop to compare)
 
 `replay --resume` continues a run only when model (config, head tensors, weights fingerprint,
 generation config), tokenizer, k, dtype, device, sampling, inputs (path and sha256), options
@@ -152,14 +192,32 @@ def fit_type(profiles: list[str]) -> pa.DataType:
     return pa.struct([("tokens", pa.int32())] + [(f"{stat}_{p}", t) for p in profiles for stat, t in FIT_STATISTICS])
 
 
+SPECULATIVE = pa.struct([("k", pa.int32()), ("anchors", pa.list_(pa.int32())), ("accepted", pa.list_(pa.int32()))])
+
+
 def requests_schema(profiles: list[str]) -> pa.Schema:
-    """requests.parquet's columns (version 2): REQUESTS_SCHEMA's, the fit sums per span, the recorded sampler."""
-    return pa.schema(list(REQUESTS_SCHEMA) + [("fit", pa.list_(fit_type(profiles))), ("recorded_sampling", RECORDED_SAMPLING)])
+    """requests.parquet's columns (version 2): REQUESTS_SCHEMA's, the fit sums per span, the recorded sampler, the
+    speculative loop's steps (null unless `generate --speculative` wrote the session)."""
+    return pa.schema(list(REQUESTS_SCHEMA) + [("fit", pa.list_(fit_type(profiles))), ("recorded_sampling", RECORDED_SAMPLING),
+                                              ("speculative", SPECULATIVE)])
 
 
-def positions_schema(profiles: list[str]) -> pa.Schema:
-    """positions.parquet's columns: the fixed ones, then one float32 p_accept_<profile> per sampling profile."""
-    return pa.schema(_POSITION_FIELDS + [(f"p_accept_{p}", pa.float32()) for p in profiles])
+TARGET_COLUMNS = ("target_token", "target_logprob", "actual_logprob")  # (and p_accept_*) absent without a target
+DRAFTER_FIELDS = [("drafter", pa.dictionary(pa.int8(), pa.string())), ("draft_k", pa.int8())]
+
+
+def positions_schema(profiles: list[str], drafters: bool = False, target: bool = True) -> pa.Schema:
+    """positions.parquet's columns: the fixed ones, then one float32 p_accept_<profile> per sampling profile.
+    drafters: with the `drafter` and `draft_k` columns (a run of other drafters than mtp alone); target False:
+    without the target's columns (a model-free replay ran no target)."""
+    fields = list(_POSITION_FIELDS)
+    if drafters:
+        at = [name for name, _ in fields].index("depth") + 1
+        fields = fields[:at] + DRAFTER_FIELDS + fields[at:]
+    if not target:
+        fields = [f for f in fields if f[0] not in TARGET_COLUMNS]
+        profiles = []
+    return pa.schema(fields + [(f"p_accept_{p}", pa.float32()) for p in profiles])
 
 
 def part_name(session_index: int, rank: int | None = None) -> str:
@@ -215,11 +273,12 @@ def write_json_atomic(path: Path, data: dict, hint: str = RESUME_HINT) -> None:
 
 
 def requests_table(session_id: str, requests, fits: list[dict] | None = None, profiles: list[str] | None = None,
-                   recorded: dict | None = None) -> pa.Table:
+                   recorded: dict | None = None, speculative: list[dict] | None = None) -> pa.Table:
     """requests: objects with index, input_ids, spans (start, end, turn). Without fits: the version-1 columns.
 
     fits: per request {"tokens": [N], "<stat>_<profile>": [N]} over its N spans; recorded: the
-    recorded_sampling struct of the session (source and parameters).
+    recorded_sampling struct of the session (source and parameters); speculative: per request
+    {"k", "anchors", "accepted"} (sessions.speculative_steps), or None.
     """
     data = {
         "session_id": [session_id] * len(requests),
@@ -233,7 +292,8 @@ def requests_table(session_id: str, requests, fits: list[dict] | None = None, pr
     schema = requests_schema(profiles)
     names = [f.name for f in fit_type(profiles)]
     data["fit"] = [[{name: _plain(fit[name][i]) for name in names} for i in range(len(r.spans))] for r, fit in zip(requests, fits)]
-    data["recorded_sampling"] = [recorded] * len(requests)
+    data["recorded_sampling"] = [recorded] * len(requests)  # None in a model-free run (no target, no sampler)
+    data["speculative"] = list(speculative) if speculative is not None else [None] * len(requests)
     return pa.table(data, schema=schema)
 
 
@@ -242,22 +302,33 @@ def _plain(x):
     return x.item() if hasattr(x, "item") else x
 
 
-def positions_table(session_id: str, per_request: list[tuple[int, dict]], profiles: list[str]) -> pa.Table:
-    """per_request: [(request index, columns from acceptance.request_rows)] -> one table, schema-exact."""
+def positions_table(session_id: str, per_request: list[tuple[int, dict]], profiles: list[str],
+                    drafters: list[str] | None = None, target: bool = True) -> pa.Table:
+    """per_request: [(request index, columns from acceptance.request_rows)] -> one table, schema-exact.
+
+    drafters: the run's drafter names (the columns then carry `drafter`, an index into them, and `draft_k`);
+    rows are then ordered by (drafter, draft_k, request, pos, depth). target False: no target columns."""
     import numpy as np
 
-    schema = positions_schema(profiles)
+    schema = positions_schema(profiles, drafters=drafters is not None, target=target)
     if not per_request:
         return schema.empty_table()
     cols = {name: np.concatenate([c[name] for _, c in per_request]) for name in per_request[0][1]}
     n = len(cols["pos"])
     request = np.concatenate([np.full(len(c["pos"]), r, dtype=np.int32) for r, c in per_request])
+    if drafters is not None:
+        order = np.lexsort((cols["depth"], cols["pos"], request, cols["draft_k"], cols["drafter"]))
+        cols = {name: values[order] for name, values in cols.items()}
+        request = request[order]
     segment = pa.DictionaryArray.from_arrays(pa.array(cols["segment"], pa.int8()), pa.array(SEGMENTS, pa.string()))
     arrays = {
         "session_id": pa.array([session_id] * n, pa.string()),
         "request": pa.array(request, pa.int32()),
         "segment": segment,
     }
+    if drafters is not None:
+        arrays["drafter"] = pa.DictionaryArray.from_arrays(pa.array(cols["drafter"], pa.int8()),
+                                                           pa.array(list(drafters), pa.string()))
     for field in schema:
         if field.name not in arrays:
             arrays[field.name] = pa.array(cols[field.name], field.type)
@@ -532,3 +603,19 @@ def remove_part(run_dir: Path, name: str) -> None:
     """Both tables' part `name` (to recompute its sessions)."""
     for table in (REQUESTS, POSITIONS):
         _unlink_quietly(Path(run_dir) / table / name)
+
+
+def part_requests(run_dir: Path, name: str, session_id: str | None = None) -> list[tuple]:
+    """[(input_ids [n] int32, spans [S, 2] int64)] of a finished session's requests, in order (what a
+    resumed run feeds suffix decoding's global tree for the sessions it keeps). session_id: that session's
+    only, in a part that groups several (parts.py); None: the part's whole (one session per part)."""
+    import numpy as np
+
+    filters = [("session_id", "=", session_id)] if session_id is not None else None
+    table = pq.read_table(Path(run_dir) / REQUESTS / name, columns=["request", "input_ids", "spans"], filters=filters)
+    out = []
+    for r in np.argsort(table.column("request").to_numpy(), kind="stable"):
+        ids = np.asarray(table.column("input_ids")[int(r)].as_py(), dtype=np.int32)
+        spans = np.array([(sp["start"], sp["end"]) for sp in table.column("spans")[int(r)].as_py()], dtype=np.int64)
+        out.append((ids, spans.reshape(-1, 2)))
+    return out
