@@ -48,19 +48,19 @@ def resolve_model(value, option: str = "--model") -> Path:
         return path
     text = str(value)
     if not HUB_ID.fullmatch(text) or text.startswith((".", "/", "~")):
-        raise CheckpointError(f"{option} {text}: no such directory, and not a Hugging Face id (ORG/NAME); {_usage(option)}")
+        raise CheckpointError(f"{option} {text}: model directory not found, and not a Hugging Face id (ORG/NAME); {_usage(option)}")
     repo, _, revision = text.partition("@")
     try:
         from huggingface_hub import snapshot_download
     except ImportError:  # a dependency of transformers, so normally present
-        raise CheckpointError(f"{option} {text}: no such directory, and huggingface_hub (to read the Hugging Face cache) "
+        raise CheckpointError(f"{option} {text}: model directory not found, and huggingface_hub (to read the Hugging Face cache) "
                               f"is not installed; {_usage(option)}") from None
     try:
         snapshot = snapshot_download(repo, revision=revision or None, local_files_only=True)
     except Exception as e:  # LocalEntryNotFoundError (not cached), an incomplete snapshot, a malformed entry
         why = "not in" if type(e).__name__ == "LocalEntryNotFoundError" else f"incomplete or unreadable in ({str(e).split('. ')[0][:120]})"
         raise CheckpointError(
-            f"{option} {text}: no such directory, and {why} the local Hugging Face cache ({hub_cache_dir()}); "
+            f"{option} {text}: model directory not found, and {why} the local Hugging Face cache ({hub_cache_dir()}); "
             f"mtp-observe never downloads: fetch it first (hf download {repo}{f' --revision {revision}' if revision else ''}) "
             f"or {_usage(option)}") from None
     return Path(snapshot)

@@ -558,8 +558,9 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
 
     Under torchrun every rank replays the sessions it owns (input index modulo world size) and
     writes their parts; rank 0 locks and prepares the directory, gathers counts and errors once
-    every rank has finished, writes the manifest and lets go of the lock. Part names depend on the
-    session alone, so a run's files are the same whatever the number of ranks.
+    every rank has finished, writes the manifest and lets go of the lock. Each rank groups its own
+    sessions into parts named by their first session (parts.py), so the rows are the same whatever the
+    number of ranks and --resume reads any grouping, though the part files differ.
     """
     from . import tables
     from .errors import UserError

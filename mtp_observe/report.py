@@ -489,8 +489,9 @@ def _part_of_rows(table: pa.Table) -> tuple[np.ndarray, list[str]]:
 
 
 def _session_keys(table: pa.Table) -> tuple[np.ndarray, tuple[tuple[str, str], ...]]:
-    """Rows -> (session code [n] int64 by first appearance, (part, session_id) of each session). This tool writes one
-    part per session; keying by the pair keeps apart two sessions that share an id (runs of schema_version 1)."""
+    """Rows -> (session code [n] int64 by first appearance, (part, session_id) of each session). A part holds one
+    session or a group of them (parts.py), ids unique within a run; keying by the pair keeps apart two sessions
+    that share an id in different parts (runs of schema_version 1)."""
     import pandas as pd
 
     part_index, names = _part_of_rows(table)

@@ -46,11 +46,11 @@ def test_an_id_in_the_cache_resolves_to_its_snapshot_and_a_local_directory_wins(
     assert resolve_model("example-org/tiny-qwen") == snapshot
     assert resolve_model(f"example-org/tiny-qwen@{COMMIT}") == snapshot
     assert resolve_model(tiny_checkpoint) == tiny_checkpoint
-    with pytest.raises(CheckpointError, match=r"^MODEL other-org/absent: no such directory, and not in the local Hugging "
+    with pytest.raises(CheckpointError, match=r"^MODEL other-org/absent: model directory not found, and not in the local Hugging "
                                               r"Face cache .*mtp-observe never downloads.*hf download other-org/absent.*"
                                               r"pass MODEL as a checkpoint directory"):
         resolve_model("other-org/absent", "MODEL")
-    with pytest.raises(CheckpointError, match=r"^--model ./nowhere: no such directory, and not a Hugging Face id .*pass --model DIR"):
+    with pytest.raises(CheckpointError, match=r"^--model ./nowhere: model directory not found, and not a Hugging Face id .*pass --model DIR"):
         resolve_model("./nowhere", "--model")
 
 
@@ -73,10 +73,12 @@ def test_every_command_reads_a_cached_id_offline(tiny_checkpoint, tmp_path):
 
 @pytest.mark.parametrize("command, option", [(["inspect"], "MODEL"), (["probe"], "MODEL"),
                                              (["sessions", "sessions/support.jsonl", "--model"], "--model"),
-                                             (["replay", "sessions/support.jsonl", "--model"], "--model")])
+                                             (["replay", "sessions/support.jsonl", "--model"], "--model"),
+                                             (["generate", "sessions/support.jsonl", "-o", "own.jsonl", "--model"], "--model")])
 def test_an_id_missing_from_the_cache_is_one_line_naming_the_commands_own_option(tmp_path, command, option):
+    command = [str(tmp_path / c) if c == "own.jsonl" else c for c in command]
     proc = cli(*command, "Qwen/Qwen3.5-27B", env=offline_env(tmp_path / "empty-hub"))
     assert proc.returncode == 2
-    assert proc.stderr.startswith(f"error: {option} Qwen/Qwen3.5-27B: no such directory, and not in the local Hugging Face cache")
+    assert proc.stderr.startswith(f"error: {option} Qwen/Qwen3.5-27B: model directory not found, and not in the local Hugging Face cache")
     assert proc.stderr.count("\n") == 1 and "hf download Qwen/Qwen3.5-27B" in proc.stderr
     assert ("pass MODEL as a checkpoint directory" if option == "MODEL" else "pass --model DIR") in proc.stderr
