@@ -266,3 +266,20 @@ def test_the_readmes_worked_example_is_what_the_example_script_computes():
     assert (moe.moe_layers, moe.experts, moe.top_k, moe.full_layers) == (40, 256, 8, 10)
     assert 26.8e9 < dense.dense_params + dense.vocab_size * dense.hidden_size < 27.0e9  # 26.9 B with the embedding
     assert 2.9e9 < moe.active_params < 3.0e9  # "A3B"
+
+
+def test_the_plot_gains_a_speedup_by_batch_size_panel_when_the_table_has_batch_sizes(make_checkpoint, tmp_path):
+    import struct
+
+    def width(png: Path) -> int:
+        data = png.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        return struct.unpack(">I", data[16:20])[0]  # IHDR width
+
+    by_batch = write_run(tmp_path / "roof", random_sessions(12, 3, 0.75, seed=2), k=3, model_path=str(make_checkpoint()))
+    batch_one = write_run(tmp_path / "one", random_sessions(12, 3, 0.75, seed=2), k=3)
+    for run, name in ((by_batch, "three.png"), (batch_one, "two.png")):
+        r = cli("report", str(run), "--plot", str(tmp_path / name), "--format", "json")
+        assert r.returncode == 0, r.stderr
+    # three panels (acceptance, τ and speedup by K, speedup by batch size) against two: 16.5 in against 11 in at 120 dpi
+    assert width(tmp_path / "three.png") == 1980 and width(tmp_path / "two.png") == 1320

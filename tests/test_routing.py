@@ -106,3 +106,26 @@ def test_a_moe_replay_stores_the_sessions_router_sums_and_a_dense_one_none(make_
     assert np.array_equal(np.array(sums["hits"]).reshape(3, 4, 8), hits)
     dense = replay([sessions], make_checkpoint(), tmp_path / "dense", ReplayOptions(k=2, device="cpu"))
     assert "routing" not in pd.read_parquet(dense / "requests.parquet").columns
+
+
+def test_a_moe_runs_report_reads_its_geometry_from_run_json_and_its_experts_from_the_router(make_checkpoint, tmp_path):
+    import json
+    import shutil
+
+    from .test_report import cli
+
+    checkpoint = make_checkpoint(**MOE)
+    sessions = write_sessions(tmp_path / "s.jsonl", [SESSION])
+    run = replay([sessions], checkpoint, tmp_path / "moe", ReplayOptions(k=2, device="cpu"))
+    shutil.rmtree(checkpoint)  # the report needs run.json's model.cost_geometry, not the checkpoint
+    r = cli("report", str(run), "--format", "json", "--batch-sizes", "1,4")
+    assert r.returncode in (0, 1), r.stderr
+    batch = json.loads(r.stdout)["batch"]
+    assert batch["source"] == "roofline" and batch["batch_sizes"] == [1, 4]
+    experts = batch["experts"]
+    assert (experts["source"], experts["experts"], experts["top_k"], experts["sessions"]) == ("router", 8, 2, 1)
+    # one token routes to exactly k = 2 distinct experts in every layer; more tokens touch more, at most E = 8
+    assert experts["measured"][0][0] == pytest.approx(2.0)
+    flat = [x for row in experts["measured"] for x in row]
+    assert all(2.0 <= x <= 8.0 for x in flat) and experts["measured"][1][2] > experts["measured"][0][0]
+    assert "measured from the target's router" in batch["detail"]
