@@ -283,3 +283,17 @@ def test_the_plot_gains_a_speedup_by_batch_size_panel_when_the_table_has_batch_s
         assert r.returncode == 0, r.stderr
     # three panels (acceptance, τ and speedup by K, speedup by batch size) against two: 16.5 in against 11 in at 120 dpi
     assert width(tmp_path / "three.png") == 1980 and width(tmp_path / "two.png") == 1320
+
+
+def test_the_readmes_cpu_probe_table_is_flagged_as_cpu_and_its_schedule_is_its_best_ks():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    heading = "### Measured: the bundled model on this CPU (flagged: CPU figures, not a GPU's)"
+    section = readme[readme.index(heading):].split("\n## ", 1)[0]
+    assert "--device cpu" in section and "do not stand for a GPU's" in section
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    batch, ks = tuple(int(r[0]) for r in rows), [int(r[-2]) for r in rows]
+    for r, k in zip(rows, ks):  # the best K is the row's largest speedup above 1, else 0
+        speedups = np.array([float(cell.split("[")[0]) for cell in r[3:-2]])
+        assert k == best_k(speedups)
+    line = next(x for x in section.splitlines() if x.startswith("num_speculative_tokens_per_batch_size:"))
+    assert json.loads(line.split(":", 1)[1]) == schedule(batch, ks)
