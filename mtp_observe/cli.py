@@ -373,6 +373,91 @@ def replay(
         _print_replay_summary(run_dir)
 
 
+class _GenerationProgress:
+    """Draws turns, tokens, tokens/s and ETA on stderr while generate runs (generation.Observer)."""
+
+    def __init__(self, progress):
+        self.progress = progress
+        self.task = None
+        self.tokens = 0
+        self.started = None
+
+    def start(self, turns: int) -> None:
+        import time
+
+        self.started = time.time()
+        self.task = self.progress.add_task("generating", total=turns, tokens="0 tokens", rate="")
+
+    def turns(self, turns: int, tokens: int) -> None:
+        import time
+
+        self.tokens += tokens
+        elapsed = max(time.time() - self.started, 1e-9)
+        self.progress.update(self.task, advance=turns, tokens=f"{self.tokens:,} tokens", rate=f"{self.tokens / elapsed:,.0f} tok/s")
+
+    def warn(self, message: str) -> None:
+        say(self.progress.console, f"skipped: {message}")
+
+    def note(self, message: str) -> None:
+        say(self.progress.console, f"note: {message}")
+
+
+@app.command()
+def generate(
+    files: Annotated[list[Path], typer.Argument(metavar="SESSIONS", help="Session JSONL files (.gz too), directories of them, or - for standard input.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Token-level JSONL to write, one record per session (replaced atomically; <OUT>.partial while it runs).")],
+    model: Annotated[Optional[Path], typer.Option("--model", help="Local checkpoint directory (default: the bundled model).")] = None,
+    sampling: Annotated[str, typer.Option("--sampling", help="greedy, generation_config (the checkpoint's sampler, vLLM's default), a built-in profile (thinking_general, thinking_coding, instruct_general, instruct_reasoning) or NAME=T,TOP_P,TOP_K[,PRESENCE[,FREQUENCY[,REPETITION[,MIN_P]]]].")] = "generation_config",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Stop a turn after this many tokens if it has not ended.")] = 1024,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampler; each turn draws from its own generator, seeded from this and the turn.")] = 0,
+    speculative: Annotated[Optional[int], typer.Option("--speculative", help="Generate with the MTP head drafting K tokens and the target verifying them (one turn at a time); the steps' accepted lengths go into meta.speculative.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Turns generated together (left-padded, with the model's cache).")] = 8,
+    chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill tokens per forward (shared by the batch's rows).")] = 2048,
+    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16")] = "auto",
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted output (or add sessions to a finished one) without regenerating its sessions.")] = False,
+    on_error: Annotated[str, typer.Option("--on-error", help="fail | skip: a bad session stops the run, or is reported and left out.")] = "fail",
+    chat_template: ChatTemplateOption = None,
+    template_kwargs: TemplateKwargsOption = None,
+) -> None:
+    """The target's own completion of every assistant turn, in the recorded contexts: token-level records for replay."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from .generation import GenerateOptions, generate as run_generate
+
+    _check_on_error(on_error)
+    overrides = _template_overrides(chat_template, template_kwargs)
+    check_writable(output, "--output")
+    model_dir = _model_dir(model)
+    opts = GenerateOptions(sampling=sampling, max_new_tokens=max_new_tokens, seed=seed, speculative=speculative,
+                           batch_size=batch_size, chunk_size=chunk_size, device=device, dtype=dtype, on_error=on_error,
+                           resume=resume, template=overrides)
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("turns"),
+                      TextColumn("{task.fields[tokens]}", markup=False), TextColumn("{task.fields[rate]}", markup=False),
+                      TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal) as progress:
+            summary = run_generate(files, model_dir, output, opts, observer=_GenerationProgress(progress))
+    except KeyboardInterrupt:  # every session written so far is whole in the partial file
+        partial = output.with_name(output.name + ".partial")
+        if partial.exists():
+            say(err, f"interrupted: the sessions written so far are kept in {partial}; continue with the same command and --resume")
+        else:
+            say(err, "interrupted before any session was written; nothing is kept")
+        raise typer.Exit(130)
+    p = summary.profile
+    say(out, f"generated {summary.turns:,} turns ({summary.tokens:,} tokens, {summary.tokens_per_s:,.1f} tok/s; "
+             f"{summary.prompt_tokens:,} prompt tokens prefilled) with "
+             f"{p.name} (T {p.temperature:g}, top-p {p.top_p:g}, top-k {p.top_k}, min-p {p.min_p:g}, presence "
+             f"{p.presence_penalty:g}, frequency {p.frequency_penalty:g}, repetition {p.repetition_penalty:g}), seed {seed}"
+             + (f", --speculative {speculative}" if speculative else ""))
+    kept = f" ({summary.kept} kept from the resumed output)" if summary.kept else ""
+    dropped = f"; {summary.dropped} one-token turns left out" if summary.dropped else ""
+    skipped = f"; {len(summary.skipped)} sessions skipped" if summary.skipped else ""
+    say(out, f"wrote {summary.sessions + summary.kept} sessions to {output}{kept}{dropped}{skipped}")
+    say(out, f"next: mtp-observe replay {output}" + (f" --model {model}" if model is not None else "")
+             + (f" --k {speculative}" if speculative and speculative > 4 else ""))
+
+
 def _print_replay_summary(run_dir: Path) -> None:
     """One screen: what was replayed, α_k per depth, τ_sim(K) for each K, the recording sampler, where it went."""
     from .report import load_run, resolve_cost, summarize

@@ -630,7 +630,7 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
 
     from . import tables
     from .rendering import Renderer
-    from .sessions import SessionError, Skipped, input_name, read_sessions
+    from .sessions import SessionError, Skipped, input_name, read_sessions, speculative_steps
 
     from .target import VLLM_DEFAULTS, generation_config_profile
 
@@ -673,6 +673,7 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
             try:
                 rendered = renderer.render(item)
                 recorded, source = session_sampler(item, fallback, server_default)
+                speculative = speculative_steps(item)  # generate --speculative's own loop, for the report to compare
             except SessionError as e:
                 if opts.on_error == "fail":
                     raise
@@ -686,7 +687,7 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
                                       "check the checkpoint, or try --dtype float32") from None
             positions = tables.positions_table(item.id, [(r.index, r.columns) for r in per_request], names)
             requests = tables.requests_table(item.id, rendered.requests, [r.fit for r in per_request], names,
-                                             {"source": source, **recorded.as_dict()})
+                                             {"source": source, **recorded.as_dict()}, speculative)
             tables.write_part(positions, out / tables.POSITIONS, name)  # positions first: a session is
             tables.write_part(requests, out / tables.REQUESTS, name)  # done once both parts exist
             c = {"requests": len(rendered.requests), "tokens_replayed": rendered.n_tokens,

@@ -96,6 +96,12 @@ def header_lines(report: Report, comparison: Comparison | None = None) -> list[s
         f"mean acceptance length as the engine counts it {cell(o, 'mean_acceptance_length', k - 1)} "
         f"(all-anchor τ(K), vLLM's per-position formula over every anchor: {cell(o, 'tau', k - 1)})",
     ]
+    for c in report.speculative:
+        state = (f"agree at all {c.steps} steps" if c.agrees else f"not compared ({c.first_difference})"
+                 if c.replay_steps is None else f"DIFFER ({c.agree} of {c.steps} steps agree; first: {c.first_difference})")
+        lines.append(f"speculative loop (generate --speculative {c.k}, {c.requests} turns): {num(c.tokens_per_step)} tokens "
+                     f"per step over {c.steps} steps; the replay's τ_sim({c.k}) on the same turns {num(c.replay_tau_sim)} — "
+                     f"{state}")
     if comparison is None:
         lines += serve_lines(report)
     if comparison is not None:

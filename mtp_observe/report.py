@@ -118,6 +118,17 @@ class Spans:
 
 
 @dataclass(frozen=True)
+class LoopSteps:
+    """The verify steps of `generate --speculative K`'s own loop, for the requests that carry them."""
+
+    k: np.ndarray  # [M] int64  the loop's K, per request with a loop
+    span: np.ndarray  # [M] int64  the request's scored span (an index into Run.spans; a token-level request has one)
+    owner: np.ndarray  # [T] int64  each step's request (an index into k)
+    anchor: np.ndarray  # [T] int64  the step's anchor p
+    accepted: np.ndarray  # [T] int64  the drafts it kept
+
+
+@dataclass(frozen=True)
 class Run:
     """A run directory read back and checked. A anchors (one per depth-1 row)."""
 
@@ -135,6 +146,7 @@ class Run:
     version: int = 2  # schema_version
     own_sampler: np.ndarray | None = None  # [S] bool  the session's `recorded` profile is its own meta.sampling
     longest: np.ndarray | None = None  # [S] int64  tokens of each session's longest request
+    loop: "LoopSteps | None" = None  # what `generate --speculative K` recorded (requests.parquet `speculative`), or None
 
     @property
     def has_fit(self) -> bool:
@@ -250,8 +262,9 @@ def load_run(path: str | Path) -> Run:
 
     # 3. requests.parquet -> spans of the sessions that have rows; every anchor in exactly one span
     requests_path = path / "requests.parquet"
+    with_loop = version >= 2 and _has_column(requests_path, "speculative")
     req = read_dataset(requests_path, ["session_id", "request", "n_tokens", "spans", PART]
-                       + (["fit", "recorded_sampling"] if version >= 2 else []), status)
+                       + (["fit", "recorded_sampling"] if version >= 2 else []) + (["speculative"] if with_loop else []), status)
     spans = _flatten_spans(req, session_keys, sessions, requests_path, notes, profiles, read_fit=version >= 2)
     a_session, a_request, a_pos = session[first], request[first], pos[first]
     span_index = _assign_spans(a_session, a_request, a_pos, spans)
@@ -280,9 +293,52 @@ def load_run(path: str | Path) -> Run:
         accepted=accepted, on_path=on_path, on_policy=on_policy, p_accept=p_accept, draft_token=draft_token, anchor=anchor,
     )
     own, longest = _session_facts(req, session_keys, version)
+    loop = _loop_steps(req, session_keys, sessions, spans, requests_path) if with_loop else None
     return Run(path=path, manifest=manifest, k=K, profiles=profiles, sessions=sessions, segments=segments,
                session_keys=session_keys, rows=rows, spans=spans, accepted_len=accepted_len, notes=tuple(notes),
-               version=version, own_sampler=own, longest=longest)
+               version=version, own_sampler=own, longest=longest, loop=loop)
+
+
+def _has_column(path: Path, name: str) -> bool:
+    """Whether a Parquet dataset path has a column (False where it cannot be read: read_dataset says why)."""
+    try:
+        return name in pads.dataset(str(path), format="parquet").schema.names
+    except (pa.ArrowException, OSError):
+        return False
+
+
+def _loop_steps(requests: pa.Table, session_keys: tuple[tuple[str, str], ...], sessions: tuple[str, ...], spans: Spans,
+                where: Path) -> LoopSteps | None:
+    """requests.parquet's `speculative` column -> LoopSteps (None when no request has one); every anchor must lie in
+    its request's one span [s, e-1], or the run is refused."""
+    column = requests.column("speculative").combine_chunks()
+    present = np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False))
+    if present.size == 0:
+        return None
+    code = _request_sessions(requests, session_keys)[present]
+    request = requests.column("request").to_numpy(zero_copy_only=False).astype(np.int64)[present]
+    keep = code >= 0
+    present, code, request = present[keep], code[keep], request[keep]
+    values = column.take(pa.array(present)).to_pylist()
+    pair = spans.session * (1 << 32) + spans.request
+    k, span, owner, anchor, accepted = [], [], [], [], []
+    for m, (c, r, v) in enumerate(zip(code.tolist(), request.tolist(), values)):
+        lo, hi = np.searchsorted(pair, c * (1 << 32) + r, side="left"), np.searchsorted(pair, c * (1 << 32) + r, side="right")
+        anchors, kept = list(v["anchors"] or []), list(v["accepted"] or [])
+        if hi - lo != 1 or len(anchors) != len(kept):
+            raise _run_error(where, f"session {sessions[c]} request {r}: speculative steps belong to a request with one "
+                                    "scored span and one accepted length per anchor; the run directory is damaged, re-run replay")
+        s, e = int(spans.start[lo]), int(spans.end[lo])
+        if any(not s <= p < e for p in anchors) or any(not 0 <= a <= v["k"] for a in kept):
+            raise _run_error(where, f"session {sessions[c]} request {r}: a speculative step lies outside the span [{s}, {e}] "
+                                    f"or keeps more than k = {v['k']} drafts; the run directory is damaged, re-run replay")
+        k.append(int(v["k"]))
+        span.append(int(lo))
+        owner += [m] * len(anchors)
+        anchor += anchors
+        accepted += kept
+    k, span, owner, anchor, accepted = (np.array(x, dtype=np.int64) for x in (k, span, owner, anchor, accepted))
+    return LoopSteps(k=k, span=span, owner=owner, anchor=anchor, accepted=accepted)
 
 
 def _request_sessions(requests: pa.Table, session_keys: tuple[tuple[str, str], ...]) -> np.ndarray:
@@ -828,6 +884,7 @@ class Report:
     context: tuple[Slice, ...] = ()  # by the anchor's position (CONTEXT_BINS); bootstrapped
     recording: RecordingSampler | None = None
     resampling: Resampling | None = None
+    speculative: tuple["SpeculativeCheck", ...] = ()  # one per K of `generate --speculative` loops in the run
 
 
 def tally(run: Run, row_group: np.ndarray, n_groups: int, span_group: np.ndarray | None, steps: np.ndarray,
@@ -1037,7 +1094,69 @@ def summarize(
         path=run.path, manifest=run.manifest, k=K, profiles=run.profiles, cost=cost, replicates=replicates, seed=seed,
         level=level, rows=len(r.depth), overall=overall, segments=segments, turns=turns, sessions=sessions,
         best_k=k, verdict=verdict, notes=tuple(notes), context=context, recording=recording, resampling=plan,
+        speculative=speculative_checks(run, steps),
     )
+
+
+@dataclass(frozen=True)
+class SpeculativeCheck:
+    """`generate --speculative K`'s own loop beside the replay of the text it wrote (the same trajectory).
+
+    Convention (vLLM's mean acceptance length): a step emits its accepted drafts and one token more, none
+    past the end of the turn, so tokens / steps counts the bonus token; a turn's first token comes from the
+    prefill and is no step's. Where the loop and the replay accept the same drafts at every anchor the walk
+    visits, the replay's τ_sim(K) on those turns is the loop's tokens per step exactly."""
+
+    k: int
+    requests: int  # turns the loop generated
+    tokens: int  # Σ (e - s) over their spans
+    steps: int  # the loop's verify steps
+    replay_steps: int | None  # the simulated decode's steps at K on the same spans (None when the run's Kmax < K)
+    agree: int  # steps whose accepted length equals the replay's at the same anchor
+    first_difference: str | None  # where the two first disagree, for people
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens / self.steps if self.steps else float("nan")
+
+    @property
+    def replay_tau_sim(self) -> float:
+        return self.tokens / self.replay_steps if self.replay_steps else float("nan")
+
+    @property
+    def agrees(self) -> bool:
+        return self.replay_steps is not None and self.agree == self.steps and self.replay_steps == self.steps
+
+
+def speculative_checks(run: Run, steps: np.ndarray) -> tuple[SpeculativeCheck, ...]:
+    """One check per K among the run's loops: steps [N, Kmax] are the simulated decode's per span."""
+    loop = run.loop
+    if loop is None:
+        return ()
+    span_len = run.spans.end - run.spans.start
+    first_anchor = np.concatenate([[0], np.cumsum(span_len)[:-1]])  # [N] the anchor index of each span's s
+    out = []
+    for K in sorted(set(loop.k.tolist())):
+        members = np.flatnonzero(loop.k == K)
+        mine = np.isin(loop.owner, members)
+        span = loop.span[loop.owner[mine]]
+        anchor, accepted = loop.anchor[mine], loop.accepted[mine]
+        comparable = K <= run.k
+        agree, first, replay_steps = 0, None, None
+        if comparable:
+            replay = np.minimum(run.accepted_len[first_anchor[span] + anchor - run.spans.start[span]], K)
+            agree = int((replay == accepted).sum())
+            replay_steps = int(steps[loop.span[members], K - 1].sum())
+            differ = np.flatnonzero(replay != accepted)
+            if differ.size:
+                i = int(differ[0])
+                first = (f"session {run.sessions[run.spans.session[span[i]]]} request {int(run.spans.request[span[i]])} "
+                         f"anchor {int(anchor[i])}: the loop kept {int(accepted[i])} drafts, the replay accepts {int(replay[i])}")
+        else:
+            first = f"the run replayed K <= {run.k}; replay with --k {K} or more to compare the loop's K = {K}"
+        out.append(SpeculativeCheck(k=int(K), requests=int(members.size), tokens=int(span_len[loop.span[members]].sum()),
+                                    steps=int(mine.sum()), replay_steps=replay_steps, agree=agree, first_difference=first))
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1355,6 +1474,12 @@ def report_json(report: Report, comparison: Comparison | None = None) -> dict:
             "session": [slice_json(s, report.profiles) for s in report.sessions],
         },
         "notes": list(report.notes),
+        "speculative_check": [
+            {"k": c.k, "requests": c.requests, "tokens": c.tokens, "steps": c.steps, "tokens_per_step": _num(c.tokens_per_step),
+             "replay_steps": c.replay_steps, "replay_tau_sim": _num(c.replay_tau_sim), "agreeing_steps": c.agree,
+             "agree": c.agrees, "first_difference": c.first_difference}
+            for c in report.speculative
+        ],
         "baseline": None if comparison is None else {
             "path": str(comparison.baseline_path), "k": comparison.k, "profiles": list(comparison.profiles),
             "sessions": {"shared": comparison.shared, "only_current": comparison.only_current,

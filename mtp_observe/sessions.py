@@ -29,6 +29,9 @@ often the same session given twice, and replaying it twice would count it twice 
 
 An input with no sessions at all (empty, or only blank lines) is refused (`check_inputs`).
 Every error is one line naming the file, the line, the session id and the fix.
+
+A token-level record that `generate --speculative K` wrote carries meta.speculative (the loop's steps);
+`speculative_steps` checks it against the record's requests for the replay to copy.
 """
 
 from __future__ import annotations
@@ -548,3 +551,49 @@ def _message_file(path: Path, first, lines, index: int, label: str):
 def _chain(first, rest):
     yield first
     yield from rest
+
+
+# ---------------------------------------------------------------------------------------------
+# What `generate --speculative K` records beside its tokens (the report compares it with the replay)
+
+MAX_SPECULATIVE_K = 32  # as replay's --k
+
+
+def speculative_steps(session) -> list[dict] | None:
+    """A token-level session's meta.speculative, checked against its requests: one {"k", "anchors",
+    "accepted"} per request, or None without it. Raises SessionError naming what is wrong.
+
+    Anchors lie in the completion's [s, e-1] (s = the prompt's length, e the last token's index), strictly
+    increasing; accepted lengths are 0..k."""
+    meta = session.meta if isinstance(session.meta, dict) else {}
+    spec = meta.get("speculative")
+    if spec is None:
+        return None
+
+    def bad(what: str):
+        return SessionError(session.path, session.line, session.id, f"meta.speculative {what}; fix it or drop meta.speculative")
+
+    if not session.is_token_level:
+        raise bad("belongs to token-level records (generate writes it), not to a chat session")
+    if not isinstance(spec, dict):
+        raise bad("must be an object")
+    k = spec.get("k")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_K:
+        raise bad(f"k is {k!r}, expected an integer 1..{MAX_SPECULATIVE_K}")
+    out = []
+    for key in ("anchors", "accepted"):
+        if not isinstance(spec.get(key), list) or len(spec[key]) != len(session.token_requests):
+            raise bad(f"{key} must hold one list per request ({len(session.token_requests)})")
+    for j, (request, anchors, accepted) in enumerate(zip(session.token_requests, spec["anchors"], spec["accepted"])):
+        s = len(request.prompt_token_ids)
+        e = s + len(request.completion_token_ids) - 1
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in list(anchors) + list(accepted)) \
+            if isinstance(anchors, list) and isinstance(accepted, list) else False
+        if not ints or len(anchors) != len(accepted):
+            raise bad(f"request {j}: anchors and accepted must be lists of integers of one length")
+        if any(not s <= p < e for p in anchors) or any(b <= a for a, b in zip(anchors, anchors[1:])):
+            raise bad(f"request {j}: anchors must increase within the completion's positions {s}..{e - 1}")
+        if any(not 0 <= a <= k for a in accepted):
+            raise bad(f"request {j}: accepted lengths must lie in 0..{k}")
+        out.append({"k": k, "anchors": list(anchors), "accepted": list(accepted)})
+    return out

@@ -69,6 +69,11 @@ requests.parquet columns added in version 2:
                         recorded prefix (ACCEPTANCE.md, "The recording sampler")
     recorded_sampling   struct: "source" ("session": its meta.sampling, or the fallback named in
                         run.json sampling.recorded) and the seven parameters the `recorded` profile used
+    speculative         struct or null: what `generate --speculative K` recorded for the request (its session's
+                        meta.speculative; null for any other): "k" int32 (the loop's K), "anchors" list<int32> (each
+                        verify step's anchor p, an index into input_ids), "accepted" list<int32> (the drafts the step
+                        kept, 0..k); the report sets the loop's tokens per step beside the replay's τ_sim (added
+                        within version 2: a run without the column has no loop to compare)
 
 `replay --resume` continues a run only when model (config, head tensors, weights fingerprint,
 generation config), tokenizer, k, dtype, device, sampling, inputs (path and sha256), options
@@ -144,9 +149,14 @@ def fit_type(profiles: list[str]) -> pa.DataType:
     return pa.struct([("tokens", pa.int32())] + [(f"{stat}_{p}", t) for p in profiles for stat, t in FIT_STATISTICS])
 
 
+SPECULATIVE = pa.struct([("k", pa.int32()), ("anchors", pa.list_(pa.int32())), ("accepted", pa.list_(pa.int32()))])
+
+
 def requests_schema(profiles: list[str]) -> pa.Schema:
-    """requests.parquet's columns (version 2): REQUESTS_SCHEMA's, the fit sums per span, the recorded sampler."""
-    return pa.schema(list(REQUESTS_SCHEMA) + [("fit", pa.list_(fit_type(profiles))), ("recorded_sampling", RECORDED_SAMPLING)])
+    """requests.parquet's columns (version 2): REQUESTS_SCHEMA's, the fit sums per span, the recorded sampler, the
+    speculative loop's steps (null unless `generate --speculative` wrote the session)."""
+    return pa.schema(list(REQUESTS_SCHEMA) + [("fit", pa.list_(fit_type(profiles))), ("recorded_sampling", RECORDED_SAMPLING),
+                                              ("speculative", SPECULATIVE)])
 
 
 def positions_schema(profiles: list[str]) -> pa.Schema:
@@ -207,11 +217,12 @@ def write_json_atomic(path: Path, data: dict, hint: str = RESUME_HINT) -> None:
 
 
 def requests_table(session_id: str, requests, fits: list[dict] | None = None, profiles: list[str] | None = None,
-                   recorded: dict | None = None) -> pa.Table:
+                   recorded: dict | None = None, speculative: list[dict] | None = None) -> pa.Table:
     """requests: objects with index, input_ids, spans (start, end, turn). Without fits: the version-1 columns.
 
     fits: per request {"tokens": [N], "<stat>_<profile>": [N]} over its N spans; recorded: the
-    recorded_sampling struct of the session (source and parameters).
+    recorded_sampling struct of the session (source and parameters); speculative: per request
+    {"k", "anchors", "accepted"} (sessions.speculative_steps), or None.
     """
     data = {
         "session_id": [session_id] * len(requests),
@@ -226,6 +237,7 @@ def requests_table(session_id: str, requests, fits: list[dict] | None = None, pr
     names = [f.name for f in fit_type(profiles)]
     data["fit"] = [[{name: _plain(fit[name][i]) for name in names} for i in range(len(r.spans))] for r, fit in zip(requests, fits)]
     data["recorded_sampling"] = [recorded] * len(requests)
+    data["speculative"] = list(speculative) if speculative is not None else [None] * len(requests)
     return pa.table(data, schema=schema)
 
 
