@@ -28,6 +28,9 @@ Sources (read with the search tools; file at the stored commit; no key here is i
   num_speculative_tokens, each entry in [0, 1], and be monotonically non-increasing"; exactly one of it and
   `synthetic_acceptance_length`), `num_speculative_tokens_per_batch_size` (dynamic SD, list of inclusive
   (range_start, range_end, num_speculative_tokens); validated in vllm/v1/spec_decode/dynamic/utils.py@a6f6bb1d).
+- What vLLM counts per step: vllm/v1/core/sched/scheduler.py, Scheduler.update_from_output (several stored
+  versions agree): `num_draft_tokens = len(scheduled_spec_token_ids)`, `num_accepted = len(generated_token_ids) - 1`
+  from the sampler's tokens, then the stop check — so accepted drafts through the end-of-turn token count.
 - vLLM counters: vllm-project/vllm@ee4ceaae vllm/v1/spec_decode/metrics.py (`vllm:spec_decode_num_drafts`,
   `_num_draft_tokens`, `_num_accepted_tokens`, `_num_accepted_tokens_per_pos` with label `position` 0-based;
   labels `model_name`, `engine`; mean acceptance length `1 + num_accepted_tokens / num_drafts`, per-position
