@@ -637,7 +637,7 @@ class EngineCheck:
         if not out:
             return (f"the engine's numbers at K={self.k} lie within the run's {self.level:.0%} intervals "
                     f"({len(self.rows)} compared)")
-        worst = max(out, key=lambda r: max(r.lo - r.engine, r.engine - r.hi))
+        worst = max(out, key=lambda r: max(r.lo - r.engine, r.engine - r.hi) / max(r.hi - r.lo, 1e-12))  # in widths
         return (f"{len(out)} of {len(self.rows)} engine numbers at K={self.k} fall outside the run's {self.level:.0%} "
                 f"intervals, e.g. {worst.name}: engine {worst.engine:.3f}, run {worst.run:.3f} [{worst.lo:.3f}, "
                 f"{worst.hi:.3f}]; on the same traffic and sampler that is an engine or checkpoint bug (a pre-norm hidden "

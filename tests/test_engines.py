@@ -94,6 +94,20 @@ def test_report_prints_the_serve_flags_of_its_verdict_and_the_engine_counted_num
     assert "per-position" in r.stdout
 
 
+def test_the_serve_lines_say_what_each_verdict_stands_for(big_run, tmp_path):
+    from dataclasses import replace
+
+    from mtp_observe.engines import serve_lines
+
+    report = read_and_summarize(big_run, replicates=50).report
+    k = report.best_k
+    flags = f"""--speculative-config '{{"method": "mtp", "num_speculative_tokens": {k}}}'"""
+    for status, lead in (("GO", f"GO serves MTP at K={k}:"), ("NO-GO", "NO-GO: serve without speculative decoding"),
+                         ("UNRELIABLE", "UNRELIABLE: no configuration yet")):
+        lines = serve_lines(replace(report, verdict=replace(report.verdict, status=status)))
+        assert lines[0].startswith(lead) and flags in lines[0] and f"--speculative-num-draft-tokens {k + 1}" in lines[1]
+
+
 # ---------------------------------------------------------------------------------------------
 # Exports: each parses, follows its consumer's checks, and carries the report's values
 
