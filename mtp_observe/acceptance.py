@@ -86,7 +86,10 @@ def request_rows(
     """Columns of positions.parquet for one request (without session_id/request), as numpy arrays.
 
     input_ids: [n]; segments_by_position: [n] int8 segment code of each token (-1 outside spans);
-    draft_tokens/draft_logprobs: [A, K] from the chain; reductions: target.Reductions over the rows.
+    draft_tokens/draft_logprobs: [A, K] from the chain, or any drafter's drafts (NO_TOKEN = -1 where it
+    proposes nothing: such a row never matches); draft_logprobs None: NaN (a model-free drafter has none);
+    reductions: target.Reductions over the rows, or None when no target was run (the target's columns are
+    then left out).
     """
     a, k = index.anchor_index, index.depth
     draft = draft_tokens.cpu()[a, k - 1]
@@ -102,13 +105,16 @@ def request_rows(
         "segment": segment.numpy().astype(np.int8),
         "draft_token": draft.numpy().astype(np.int32),
         "actual_token": actual.numpy().astype(np.int32),
-        "target_token": reductions.target_token.cpu().numpy().astype(np.int32),
         "match": match.numpy(),
         "accepted": accepted.numpy(),
-        "draft_logprob": draft_logprobs.cpu()[a, k - 1].numpy().astype(np.float32),
-        "target_logprob": reductions.target_logprob.cpu().numpy().astype(np.float32),
-        "actual_logprob": reductions.actual_logprob.cpu().numpy().astype(np.float32),
+        "draft_logprob": (draft_logprobs.cpu()[a, k - 1].numpy().astype(np.float32) if draft_logprobs is not None
+                          else np.full(len(a), np.nan, dtype=np.float32)),
     }
+    if reductions is None:
+        return cols
+    cols["target_token"] = reductions.target_token.cpu().numpy().astype(np.int32)
+    cols["target_logprob"] = reductions.target_logprob.cpu().numpy().astype(np.float32)
+    cols["actual_logprob"] = reductions.actual_logprob.cpu().numpy().astype(np.float32)
     for name, values in reductions.p_accept.items():
         cols[f"p_accept_{name}"] = values.cpu().numpy().astype(np.float32)
     return cols

@@ -279,6 +279,19 @@ def _parse_sampling(specs: list[str], recorded_with: Optional[str] = None):
     return tuple(profiles.values()), declared
 
 
+def _parse_ngram(text: Optional[str]):
+    """--ngram MIN,MAX (or N for both) -> drafters.ngram.NgramConfig, vLLM's resolution of the two bounds."""
+    from .drafters.ngram import ngram_config
+
+    if text is None:
+        return ngram_config()
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
+        raise OptionError(f"--ngram {text}: expected MIN,MAX (vLLM's prompt_lookup_min, prompt_lookup_max), e.g. 3,5")
+    lo, hi = int(parts[0]), int(parts[-1])
+    return ngram_config(lo, hi)
+
+
 def _with_defaults(extra, model_dir: Path) -> tuple:
     """The default profiles, each replaced by an --sampling profile of the same name, then the new ones."""
     from .pipeline import default_profiles
@@ -336,22 +349,41 @@ def replay(
     device_map: Annotated[Optional[str], typer.Option("--device-map", help="auto: spread a target too large for one GPU over all visible GPUs (needs accelerate).")] = None,
     chat_template: ChatTemplateOption = None,
     template_kwargs: TemplateKwargsOption = None,
+    drafters: Annotated[str, typer.Option("--drafters", help="Drafters to run side by side at every anchor: mtp (the head), ngram (vLLM's prompt lookup), suffix (suffix decoding), hybrid (Arctic's: suffix when its score >= K, else mtp), hybrid_longer (the longer of suffix's and mtp's). Model-free only (ngram, suffix): no weights are loaded.")] = "mtp",
+    ngram: Annotated[Optional[str], typer.Option("--ngram", help="MIN,MAX: vLLM's prompt_lookup_min, prompt_lookup_max (default 5,5; one number sets both).")] = None,
+    suffix_max_tree_depth: Annotated[int, typer.Option("--suffix-max-tree-depth", help="vLLM's suffix_decoding_max_tree_depth.")] = 24,
+    suffix_max_cached_requests: Annotated[int, typer.Option("--suffix-max-cached-requests", help="vLLM's suffix_decoding_max_cached_requests (outputs the global tree keeps; 0: none).")] = 10000,
+    suffix_max_spec_factor: Annotated[float, typer.Option("--suffix-max-spec-factor", help="vLLM's suffix_decoding_max_spec_factor (draft at most factor x match length + offset).")] = 1.0,
+    suffix_max_spec_offset: Annotated[float, typer.Option("--suffix-max-spec-offset", help="Arctic's max_spec_offset (vLLM leaves it 0).")] = 0.0,
+    suffix_min_token_prob: Annotated[float, typer.Option("--suffix-min-token-prob", help="vLLM's suffix_decoding_min_token_prob.")] = 0.1,
 ) -> None:
-    """Replay sessions through the target with the MTP head alongside; write the run directory."""
+    """Replay sessions through the target with the MTP head (and other drafters) alongside; write the run directory."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from .drafters.roster import NEEDS_MTP, parse_drafters
+    from .drafters.suffix import SuffixConfig
     from .pipeline import ReplayOptions, default_run_dir, replay as run_replay
 
     _check_on_error(on_error)
+    names = parse_drafters(drafters)
+    ngram_config = _parse_ngram(ngram)
+    suffix_config = SuffixConfig(max_tree_depth=suffix_max_tree_depth, max_cached_requests=suffix_max_cached_requests,
+                                 max_spec_factor=suffix_max_spec_factor, max_spec_offset=suffix_max_spec_offset,
+                                 min_token_prob=suffix_min_token_prob)
+    model_free = not any(n in NEEDS_MTP for n in names)
+    if model_free and (sampling or recorded_with):
+        raise OptionError(f"--sampling and --recorded-with score the target's sampler, which a replay of model-free drafters "
+                          f"only (--drafters {drafters}) does not run; add mtp to --drafters, or drop them")
     overrides = _template_overrides(chat_template, template_kwargs)
     bundled = model is None
     model_dir = _model_dir(model)
     out_path = out_dir or default_run_dir()
     extra, declared = _parse_sampling(sampling or [], recorded_with)
     opts = ReplayOptions(k=k, chunk_size=chunk_size, device=device, dtype=dtype,
-                         profiles=_with_defaults(extra, model_dir), recorded_with=declared,
+                         profiles=_with_defaults(extra, model_dir) if not model_free else (), recorded_with=declared,
                          on_error=on_error, max_sessions=max_sessions, resume=resume, overwrite=overwrite,
-                         device_map=device_map, template=overrides)
+                         device_map=device_map, template=overrides, drafters=names, ngram=ngram_config,
+                         suffix=suffix_config)
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
     try:
         # Drawn only on a terminal, and cleared when it stops: a failure leaves its error line alone.
@@ -460,11 +492,17 @@ def generate(
 
 def _print_replay_summary(run_dir: Path) -> None:
     """One screen: what was replayed, α_k per depth, τ_sim(K) for each K, the recording sampler, where it went."""
-    from .report import load_run, resolve_cost, summarize
+    from .report import drafter_cost, load_run, resolve_cost, summarize
 
+    from .report import run_drafters
+    from .tables import read_manifest
+
+    if len(run_drafters(read_manifest(run_dir))) > 1:
+        _print_drafters_summary(run_dir)
+        return
     run = load_run(run_dir)
     m, c = run.manifest, run.manifest["counts"]
-    rep = summarize(run, resolve_cost(run), replicates=200, seed=0)
+    rep = summarize(run, drafter_cost(resolve_cost(run), run.drafter), replicates=200, seed=0)
     v = rep.overall.value
     t = Table(title=f"replay: {c['sessions_ok']} sessions ({c['sessions_skipped']} skipped), {c['requests']} requests, "
                     f"{c['tokens_replayed']:,} tokens, {c['anchors']:,} anchors · {m['timing']['tokens_per_s']:,} tok/s")
@@ -490,6 +528,33 @@ def _print_replay_summary(run_dir: Path) -> None:
         if missing:
             say(out, f"note: the target ran transformers' reference linear-attention kernels (correct, slower); "
                      f"pip install {' '.join(missing)} for the fast ones")
+    say(out, f"run directory: {run_dir}   next: mtp-observe report {run_dir}")
+
+
+def _print_drafters_summary(run_dir: Path) -> None:
+    """The replay summary of a run of several drafters: τ_sim(K) of each (α_1 in its header), where it went. One
+    drafter's rows are read at a time."""
+    from .report import load_run, model_free_cost, run_drafters, summarize
+    from .tables import read_manifest
+
+    m = read_manifest(run_dir)
+    c = m["counts"]
+    rate = (m.get("timing") or {}).get("tokens_per_s")
+    t = Table(title=f"replay: {c['sessions_ok']} sessions ({c['sessions_skipped']} skipped), {c['requests']} requests, "
+                    f"{c['tokens_replayed']:,} tokens, {c['anchors']:,} anchors per drafter, {c['rows']:,} rows"
+                    + (f" · {rate:,} tok/s" if rate else ""))
+    t.add_column("K", justify="right")
+    names, values = run_drafters(m), {}
+    for name in names:  # τ_sim and α_1 do not depend on the cost
+        run = load_run(run_dir, name)
+        values[name] = summarize(run, model_free_cost(run), replicates=1, seed=0).overall.value
+        del run
+        t.add_column(literal(f"τ_sim(K) {name} (α_1 {float(values[name].alpha[0]):.3f})"), justify="right")
+    for k in range(m["k"]):
+        t.add_row(str(k + 1), *[f"{values[n].tau_sim[k]:.3f}" for n in names])
+    out.print(t)
+    if m.get("target_ran") is False:
+        say(out, "model-free replay: no target ran (no p_accept, no on-policy rate, no recording-sampler check)")
     say(out, f"run directory: {run_dir}   next: mtp-observe report {run_dir}")
 
 
@@ -538,6 +603,8 @@ def report(
     html: Annotated[Optional[Path], typer.Option(help="Write the --heatmap session as a standalone HTML page.")] = None,
     replicates: Annotated[int, typer.Option(help="Bootstrap resamples of sessions.")] = 1000,
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+    drafter: Annotated[Optional[str], typer.Option("--drafter", help="The drafter the tables, the gate and --baseline judge "
+                                                   "(default: mtp when the run has it, else its first); every drafter is ranked.")] = None,
 ) -> None:
     """Acceptance, projected speedup and a go/no-go verdict for a run directory (imports no torch)."""
     from .report import parse_gate, read_and_summarize, report_json
@@ -551,7 +618,7 @@ def report(
     check_writable(html, "--html", (".html", ".htm"))
     if heatmap is not None and html is None and fmt != "table":
         raise OptionError(f"--heatmap prints to the terminal, which --format {fmt} keeps for the report: add --html FILE")
-    reading = read_and_summarize(run, baseline=baseline, probe=probe, draft_cost=draft_cost,
+    reading = read_and_summarize(run, drafter=drafter, baseline=baseline, probe=probe, draft_cost=draft_cost,
                                  gate=parse_gate(gate) if gate is not None else None, min_support=min_support,
                                  recorded_with=recorded_with, replicates=replicates, seed=seed)
     result, comparison = reading.report, reading.comparison

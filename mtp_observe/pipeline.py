@@ -10,6 +10,14 @@ has one), replaced or extended by `--sampling`, plus `recorded`: each session's 
 (`session_sampler`; a key absent or null takes the server default, generation_config, else vLLM's),
 and for a session without one the fallback (`recorded_fallback`: the `--recorded-with` sampler,
 else generation_config, else vLLM's defaults). Profiles with equal parameters are computed once.
+
+Drafters (`--drafters`, drafters/roster.py): the head always drafts when mtp or a hybrid is asked for; every
+other drafter drafts at the same anchors from the same tokens, and the target scores all their drafts in one
+reduction per request (`drafter_columns`). With model-free drafters only (ngram, suffix) no weights are read:
+the model directory need hold only the tokenizer (and generation_config.json for the end-of-turn ids), the rows
+have no target columns, and the run runs on the CPU (`model_free_request`). Suffix decoding's global tree is fed
+every session of the input in input order on every rank (`_replay_sessions`), so rows do not depend on the
+number of ranks or on resuming.
 """
 
 from __future__ import annotations
@@ -105,6 +113,9 @@ class ReplayOptions:
     overwrite: bool = False
     device_map: str | None = None  # "auto": spread the target over every visible GPU (accelerate)
     template: object = None  # rendering.TemplateOverrides: --chat-template / --template-kwargs (None: the checkpoint's)
+    drafters: tuple = ("mtp",)  # --drafters, drafters.roster names in the order given
+    ngram: object = None  # drafters.ngram.NgramConfig (--ngram MIN,MAX); None: vLLM's defaults
+    suffix: object = None  # drafters.suffix.SuffixConfig (--suffix-*); None: vLLM's defaults
 
 
 class Observer:
@@ -148,7 +159,8 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
 
 
 def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size: int,
-                   carry: Carry | None = None, keep_at: int | None = None) -> tuple[dict, dict, Carry | None]:
+                   carry: Carry | None = None, keep_at: int | None = None, drafters=None,
+                   keep: int | None = None) -> tuple[dict, dict, Carry | None]:
     """One request through the target and the head: the columns of its rows, the recording-sampler sums
     of its spans (RequestResult.fit), and what the next request reuses.
 
@@ -160,6 +172,10 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     4. rows
     Rows depend only on the tokens (causal attention), so reusing a prefix changes nothing measured
     beyond floating-point rounding of where chunk boundaries fall.
+
+    drafters (a drafters.roster.Roster): every drafter of the roster drafts at the same anchors (fed the
+    head's drafts for the hybrids; keep: the prefix the next request shares, a hint for suffix decoding)
+    and its rows come out with `drafter`/`draft_k` columns (`drafter_columns`); None: the head's rows only.
     """
     from .acceptance import anchor_plan, request_rows, row_index
     from .target import Turns, prefill, reduce_logits
@@ -185,46 +201,151 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     a, k = index.anchor_index, index.depth
     turns = Turns(ids, torch.tensor([sp.start for sp in request.spans], dtype=torch.long),
                   torch.tensor([sp.end for sp in request.spans], dtype=torch.long))
-    reductions = reduce_logits(  # 3
-        model.target.lm_head.weight, hidden, index.target_position,
-        drafts.tokens.cpu()[a, k - 1], ids[index.actual_position], tuple(profiles), turns=turns,
-    )
+
+    def reduce(positions, tokens, actuals):
+        return reduce_logits(model.target.lm_head.weight, hidden, positions, tokens, actuals, tuple(profiles), turns=turns)
+
+    if drafters is not None:
+        groups = drafters.draft(ids.numpy(), request.spans, keep=keep, mtp=drafts.tokens.cpu().numpy())
+        columns, reductions = drafter_columns(ids, segments, request.spans, groups, drafts.logprobs.cpu(), reduce)  # 3, 4
+    else:
+        reductions = reduce(index.target_position, drafts.tokens.cpu()[a, k - 1], ids[index.actual_position])  # 3
+        columns = request_rows(ids, segments, plan, index, drafts.tokens, drafts.logprobs, reductions, k_max)  # 4
+        check_finite(columns)
     fit = {"tokens": reductions.fit_tokens.cpu().numpy()}
     for name, sums in reductions.fit.items():
         for stat in ("support", "q", "q2", "var", "ll"):
             fit[f"{stat}_{name}"] = getattr(sums, stat).cpu().numpy()
-    columns = request_rows(ids, segments, plan, index, drafts.tokens, drafts.logprobs, reductions, k_max)  # 4
-    check_finite(columns)
     return columns, fit, following
+
+
+def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, head_logprobs: torch.Tensor | None,
+                    reduce=None) -> tuple[dict, object]:
+    """positions.parquet columns of every drafter's rows for one request, and the target's Reductions (None
+    without a target).
+
+    groups: [drafters.roster.Drafts] (roster order; `drafter` is the index into it); head_logprobs [A, K]: the
+    head's log-probs of its drafts (where a hybrid took the head's draft its draft_logprob is the head's; a
+    model-free draft's is NaN); reduce(positions, drafts, actuals) -> target.Reductions (None: no target).
+      1. per drafter and draft length K' it drafted for: the anchor plan at K' (depths min(K', e - p)) and rows
+      2. the target once over every drafter's rows (its logits are computed once per position, whoever drafted),
+         a NO_TOKEN draft gathered at token 0 and masked after: target_logprob NaN, p_accept 0 (nothing
+         proposed is nothing accepted) — -1 would silently index the last vocabulary entry
+      3. the columns, with `drafter` and `draft_k`
+    """
+    import numpy as np
+
+    from .acceptance import anchor_plan, request_rows, row_index
+
+    parts = []  # (drafter index, K', plan, index, draft tokens [A, K'], draft log-probs [A, K'] or None)
+    g_v = {}  # (drafter index, K') -> its variant
+    for code, g in enumerate(groups):  # 1
+        for v, kk in enumerate(g.draft_ks):
+            g_v[(code, kk)] = v
+            plan = anchor_plan(spans, kk)
+            tokens = torch.from_numpy(np.ascontiguousarray(g.tokens[:, v, :kk]))
+            logprobs = None
+            if g.from_model is not None:
+                assert head_logprobs is not None, "a drafter that takes the head's drafts needs its log-probs"
+                take = torch.from_numpy(g.from_model[:, v])[:, None]
+                logprobs = torch.where(take, head_logprobs[:, :kk], torch.tensor(float("nan")))
+            parts.append((code, kk, plan, row_index(plan, kk), tokens, logprobs))
+    reductions = None
+    if reduce is not None:  # 2
+        drafted = torch.cat([tok[ix.anchor_index, ix.depth - 1] for *_, ix, tok, _ in parts]).long()
+        positions = torch.cat([ix.target_position for *_, ix, _, _ in parts])
+        actuals = ids[torch.cat([ix.actual_position for *_, ix, _, _ in parts])]
+        none = drafted < 0
+        reductions = reduce(positions, drafted.clamp(min=0), actuals)
+        if bool(none.any()):
+            reductions.target_logprob[none.to(reductions.target_logprob.device)] = float("nan")
+            for values in reductions.p_accept.values():
+                values[none.to(values.device)] = 0.0
+    out, at = [], 0
+    for code, kk, plan, ix, tokens, logprobs in parts:  # 3
+        R = ix.depth.shape[0]
+        sub = _rows_of(reductions, at, at + R) if reductions is not None else None
+        cols = request_rows(ids, segments, plan, ix, tokens, logprobs, sub, kk)
+        cols["drafter"] = np.full(R, code, dtype=np.int8)
+        cols["draft_k"] = np.full(R, kk, dtype=np.int8)
+        from_model = groups[code].from_model
+        check_finite(cols, head=from_model[:, g_v[(code, kk)]][ix.anchor_index.numpy()] if from_model is not None
+                     else np.zeros(R, dtype=bool))
+        out.append(cols)
+        at += R
+    columns = {name: np.concatenate([c[name] for c in out]) for name in out[0]} if out else {}
+    return columns, reductions
+
+
+def _rows_of(reductions, lo: int, hi: int):
+    """The Reductions of rows lo..hi-1 (the fit sums stay with the whole request)."""
+    from .target import Reductions
+
+    return Reductions(target_token=reductions.target_token[lo:hi], target_logprob=reductions.target_logprob[lo:hi],
+                      actual_logprob=reductions.actual_logprob[lo:hi],
+                      p_accept={name: values[lo:hi] for name, values in reductions.p_accept.items()})
+
+
+def model_free_request(request, k_max: int, drafters, keep: int | None = None) -> tuple[dict, dict]:
+    """One request's rows from the model-free drafters alone (no weights): the target's columns left out, and
+    the fit holds only each span's scored-token count (no sampler sums without the target)."""
+    import numpy as np
+
+    ids = torch.tensor(request.input_ids, dtype=torch.long)
+    segments = torch.full((ids.shape[0],), -1, dtype=torch.int8)
+    for sp in request.spans:
+        segments[sp.start : sp.end + 1] = torch.frombuffer(bytearray(sp.segments), dtype=torch.int8)
+    groups = drafters.draft(ids.numpy(), request.spans, keep=keep)
+    columns, _ = drafter_columns(ids, segments, request.spans, groups, None, None)
+    fit = {"tokens": np.array([sp.end - max(sp.start, 1) + 1 for sp in request.spans], dtype=np.int64)}
+    return columns, fit
 
 
 class NonFiniteOutput(ValueError):
     """The target's or the head's outputs hold NaN or inf (the pipeline adds the session and model)."""
 
 
-def check_finite(columns: dict) -> None:
+def check_finite(columns: dict, head=None) -> None:
     """Raise NonFiniteOutput when a float column of a request's rows is not finite. The columns are numpy
-    arrays already on the host (request_rows brought them there), so this adds no device sync."""
+    arrays already on the host (request_rows brought them there), so this adds no device sync.
+
+    Where a drafter proposed nothing (draft_token -1) target_logprob is NaN by definition; draft_logprob is
+    checked on the rows `head` marks ([R] bool: the head drafted them; None: every row)."""
     import numpy as np
 
-    target = ["target_logprob", "actual_logprob"] + sorted(c for c in columns if c.startswith("p_accept_"))
+    proposed = columns["draft_token"] >= 0
+    target = [c for c in ["target_logprob", "actual_logprob"] + sorted(c for c in columns if c.startswith("p_accept_"))
+              if c in columns]
+    head = np.ones(len(proposed), dtype=bool) if head is None else head
     for who, names in (("the target's", target), ("the MTP head's", ["draft_logprob"])):
         for name in names:
             values = columns[name]
+            if name == "target_logprob":
+                values = values[proposed]
+            elif name == "draft_logprob":
+                values = values[head & proposed]
             if not np.isfinite(values).all():
                 bad = int((~np.isfinite(values)).sum())
                 raise NonFiniteOutput(f"{who} outputs are not finite ({bad} of {len(values)} {name} values NaN or inf)")
 
 
-def replay_session(model: LoadedModel, requests, k_max: int, profiles, chunk_size: int) -> list[RequestResult]:
-    """Every request of one session, in order, each starting from the prefix it shares with the one before."""
+def replay_session(model: LoadedModel | None, requests, k_max: int, profiles, chunk_size: int,
+                   drafters=None) -> list[RequestResult]:
+    """Every request of one session, in order, each starting from the prefix it shares with the one before.
+    model None: the model-free drafters of `drafters` alone (no weights, no target)."""
     out, carry = [], None
     for r, request in enumerate(requests):
         after = requests[r + 1].input_ids if r + 1 < len(requests) else None
-        keep_at = shared_prefix(request.input_ids, after) if after is not None else None
+        shared = shared_prefix(request.input_ids, after) if after is not None else 0
+        if model is None:
+            columns, fit = model_free_request(request, k_max, drafters, keep=shared)
+            out.append(RequestResult(request.index, columns, fit))
+            continue
+        keep_at = shared if after is not None else None
         if keep_at is not None and keep_at >= len(request.input_ids):
             keep_at = len(request.input_ids) - 1  # the next request extends this one: keep all but the last token
-        columns, fit, carry = replay_request(model, request, k_max, profiles, chunk_size, carry=carry, keep_at=keep_at)
+        columns, fit, carry = replay_request(model, request, k_max, profiles, chunk_size, carry=carry, keep_at=keep_at,
+                                             drafters=drafters, keep=shared)
         out.append(RequestResult(request.index, columns, fit))
     return out
 
@@ -422,14 +543,20 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
     from .sessions import check_inputs, resolve_inputs
 
     observer = observer or Observer()
-    opts = ReplayOptions(**{**opts.__dict__, "profiles": tuple(opts.profiles) or default_profiles(model_dir)})
+    roster = drafter_roster(opts)  # --drafters: which need the target's weights (mtp, the hybrids), which do not
+    model_free = not roster.needs_model
+    if model_free and (opts.profiles or opts.recorded_with):
+        raise OptionError(f"--sampling and --recorded-with score the target's sampler, which a replay of model-free "
+                          f"drafters only ({', '.join(roster.names)}) does not run; add mtp to --drafters, or drop them")
+    opts = ReplayOptions(**{**opts.__dict__, "profiles": tuple(opts.profiles) or
+                            (default_profiles(model_dir) if not model_free else ())})
     _check_options(opts)
     if any(str(f) == "-" for f in files) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise OptionError("- (standard input) reaches only one of torchrun's processes; give the sessions as a file")
     fallback, fallback_name = recorded_fallback(opts, model_dir)
     files = resolve_inputs(files)  # directories expanded, "-" (standard input) copied once, missing paths refused
     check_inputs(files)  # every input holds a session, before any work
-    device = resolve_device(opts.device)
+    device = resolve_device(opts.device) if not model_free else "cpu"  # model-free drafters run on the CPU
     ranks = ranks_from_env(device)
     given = Path(ranks.from_rank0(str(out)))  # a default --out carries rank 0's timestamp to every rank
     # A symbolic link in --out (or above it) is followed once, here, and said: the run is written where it points.
@@ -437,16 +564,16 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
     out = given.resolve() if linked else given
     if ranks.world > 1 and device.startswith("cuda") and ":" not in device:
         device = f"cuda:{ranks.local_rank}"
-    dtype = resolve_dtype(opts.dtype, device)
-    info = read_checkpoint(model_dir)
+    dtype = resolve_dtype(opts.dtype, device) if not model_free else None
+    info = read_checkpoint(model_dir) if not model_free else None  # model-free: no weights, not even their headers
 
     # 1. Rank 0 locks the directory, checks it (fresh, --resume or --overwrite) against this run's identity.
     failure, manifest, lock = None, None, None
     if ranks.rank == 0:
         try:
             lock = tables.RunLock(out).acquire()
-            identity = _identity(info, files, opts, dtype, device, ranks, fallback, fallback_name)
-            manifest = _start_manifest(out, opts, info, identity, bundled, ranks.world)
+            identity = _identity(info, files, opts, dtype, device, ranks, fallback, fallback_name, roster, model_dir)
+            manifest = _start_manifest(out, opts, info, identity, bundled, ranks.world, model_dir)
         except BaseException as e:  # nothing was written: let go of the directory (and of a directory we made)
             if lock is not None:
                 lock.release()
@@ -462,8 +589,8 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
     try:
         # 2. This rank's sessions.
         try:
-            model = load_model(model_dir, device=device, dtype=dtype, device_map=opts.device_map)
-            result = _replay_sessions(files, out, opts, model, ranks, observer, fallback)
+            model = load_model(model_dir, device=device, dtype=dtype, device_map=opts.device_map) if not model_free else None
+            result = _replay_sessions(files, out, opts, model, ranks, observer, fallback, roster, model_dir)
         except BaseException as e:  # every rank must reach the gather below, whatever happened here
             result = {"failure": e}
         results = ranks.gather({k: v if k != "failure" else _portable(v) for k, v in result.items()})
@@ -498,24 +625,56 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
     return out
 
 
-def _identity(info, files, opts: ReplayOptions, dtype, device: str, ranks: Ranks, fallback, fallback_name: str) -> dict:
-    """What a resumed run must share with the interrupted one for its rows to be the same (tables.py)."""
+def roster_draft_ks(name: str, k: int) -> tuple[int, ...]:
+    from .drafters.roster import draft_ks
+
+    return draft_ks(name, k)
+
+
+def drafter_roster(opts: ReplayOptions):
+    """The run's drafters.roster.Roster from --drafters, --ngram and the --suffix-* options."""
+    from .drafters.roster import Roster
+
+    return Roster(tuple(opts.drafters), opts.k, opts.ngram, opts.suffix)
+
+
+def _config_if_any(path: Path) -> dict:
+    """config.json of a model directory, or {} (a tokenizer-only directory has none)."""
+    import json
+
+    try:
+        value = json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _identity(info, files, opts: ReplayOptions, dtype, device: str, ranks: Ranks, fallback, fallback_name: str,
+              roster=None, model_dir: Path | None = None) -> dict:
+    """What a resumed run must share with the interrupted one for its rows to be the same (tables.py).
+    info None: a model-free replay, which depends on the tokenizer and the end-of-turn ids alone."""
     from . import __version__
     from .checkpoint import tokenizer_sha256, weights_fingerprint
     from .sessions import input_name
 
-    generation_config = info.path / "generation_config.json"
+    path = info.path if info is not None else Path(model_dir)
+    generation_config = path / "generation_config.json"
+    config = path / "config.json"
+    model = {"config_sha256": info.config_sha256 if info is not None else (sha256_file(config) if config.is_file() else None),
+             "head_tensors": info.head_names if info is not None else None,
+             "weights_fingerprint": weights_fingerprint(info) if info is not None else None,
+             "generation_config_sha256": sha256_file(generation_config) if generation_config.is_file() else None}
     return {
-        "model": {"config_sha256": info.config_sha256, "head_tensors": info.head_names,
-                  "weights_fingerprint": weights_fingerprint(info),
-                  "generation_config_sha256": sha256_file(generation_config) if generation_config.is_file() else None},
-        "tokenizer_sha256": tokenizer_sha256(info.path),
+        "model": model,
+        "tokenizer_sha256": tokenizer_sha256(path),
         "k": opts.k,
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
         "device": device.split(":")[0] if ranks.world > 1 else device,
-        "sampling": {**{p.name: p.as_dict() for p in opts.profiles},
-                     RECORDED: {**fallback.as_dict(), "per_session": True, "fallback": fallback_name}},
+        "sampling": {} if info is None else {**{p.name: p.as_dict() for p in opts.profiles},
+                                             RECORDED: {**fallback.as_dict(), "per_session": True, "fallback": fallback_name}},
         "recorded_with": opts.recorded_with,
+        "drafters": (roster or drafter_roster(opts)).manifest(),
+        "target_ran": info is not None,
         "inputs": [{"path": input_name(f), "sha256": sha256_file(f)} for f in files],
         "options": {"chunk_size": opts.chunk_size, "on_error": opts.on_error, "max_sessions": opts.max_sessions,
                     "device_map": opts.device_map},
@@ -543,7 +702,7 @@ def _resume_difference(identity: dict, resumed: dict) -> str | None:
     if theirs_model.get("generation_config_sha256") != mine_model["generation_config_sha256"]:
         return "the model's generation_config.json differs (its end-of-turn ids decide the scored spans)"
     for key, value in identity.items():
-        if key == "model":
+        if key in ("model", "drafters", "target_ran"):
             continue
         theirs = resumed.get(key)
         if key == "inputs":
@@ -552,6 +711,11 @@ def _resume_difference(identity: dict, resumed: dict) -> str | None:
             theirs = (resumed.get("tool") or {}).get("version")
         if theirs != value:
             return f"{key.replace('_', ' ')} differs ({_short(theirs)} in the run, {_short(value)} here)"
+    theirs_drafters = resumed.get("drafters") or {"mtp": {"draft_k": [resumed.get("k")]}}  # older runs: mtp alone
+    if theirs_drafters != identity["drafters"]:
+        return f"the drafters differ ({_short(theirs_drafters)} in the run, {_short(identity['drafters'])} here)"
+    if resumed.get("target_ran", True) != identity["target_ran"]:
+        return "the target ran in one run and not in the other"
     return None
 
 
@@ -571,8 +735,10 @@ def _portable(e: BaseException) -> BaseException:
     return RuntimeError(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
 
-def _start_manifest(out: Path, opts: ReplayOptions, info, identity: dict, bundled: bool, world: int) -> dict:
-    """Check the run directory (fresh, --resume or --overwrite) and write the running manifest."""
+def _start_manifest(out: Path, opts: ReplayOptions, info, identity: dict, bundled: bool, world: int,
+                    model_dir: Path | None = None) -> dict:
+    """Check the run directory (fresh, --resume or --overwrite) and write the running manifest (info None: a
+    model-free replay: the model's weights, numerics and roofline are null)."""
     import platform
 
     import transformers
@@ -590,17 +756,11 @@ def _start_manifest(out: Path, opts: ReplayOptions, info, identity: dict, bundle
         tables.remove_temporaries(out)
     from .target import generation_config_profile
 
-    inventory = take_inventory(info)
-    precision = "BF16" if identity["dtype"] == "bfloat16" else "stored"
-    generation = generation_config_profile(info.path)
-    manifest = {
-        "schema_version": tables.SCHEMA_VERSION,
-        "tool": {"name": "mtp-observe", "version": __version__},
-        "created": (resumed or {}).get("created") or _now(),
-        "finished": None,
-        "status": "running",
-        **{key: value for key, value in identity.items() if key != "tool_version"},  # tool.version holds it
-        "model": {
+    generation = generation_config_profile(info.path if info is not None else model_dir)
+    if info is not None:
+        inventory = take_inventory(info)
+        precision = "BF16" if identity["dtype"] == "bfloat16" else "stored"
+        model = {
             "path": str(info.path.resolve()), "bundled": bundled, "model_type": info.model_type,
             **identity["model"],
             "numerics": info.numerics(identity["dtype"]),
@@ -608,7 +768,22 @@ def _start_manifest(out: Path, opts: ReplayOptions, info, identity: dict, bundle
             "roofline_by_precision": {p: inventory.draft_cost(p) for p in ["stored", "BF16", "FP8", "Q8_0", "Q6_K", "Q4_K"]},
             "generation_config": generation.as_dict() if generation is not None else None,
             **text_config_limits(info.text_config),
-        },
+        }
+    else:
+        config = _config_if_any(Path(model_dir))
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+        model = {"path": str(Path(model_dir).resolve()), "bundled": bundled, "model_type": config.get("model_type"),
+                 **identity["model"], "numerics": None, "roofline": None, "roofline_by_precision": None,
+                 "generation_config": generation.as_dict() if generation is not None else None,
+                 **text_config_limits(text)}
+    manifest = {
+        "schema_version": tables.SCHEMA_VERSION,
+        "tool": {"name": "mtp-observe", "version": __version__},
+        "created": (resumed or {}).get("created") or _now(),
+        "finished": None,
+        "status": "running",
+        **{key: value for key, value in identity.items() if key != "tool_version"},  # tool.version holds it
+        "model": model,
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
         "world_size": world,
         "counts": {},
@@ -623,9 +798,15 @@ COUNT_KEYS = ("sessions_ok", "sessions_skipped", "requests", "tokens_replayed", 
 MAX_KEYS = ("max_request_tokens",)  # counts merged by their maximum, not their sum
 
 
-def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, ranks: Ranks, observer: Observer,
-                     fallback) -> dict:
-    """Replay the sessions this rank owns; finished parts of a resumed run are kept. Returns its counts and errors."""
+def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel | None, ranks: Ranks, observer: Observer,
+                     fallback, roster=None, model_dir: Path | None = None) -> dict:
+    """Replay the sessions this rank owns; finished parts of a resumed run are kept. Returns its counts and errors.
+
+    model None: a model-free replay (the roster's drafters alone, no target). When a drafter keeps state across
+    requests (suffix decoding's global tree), every session of the input reaches it in input order: the ones this
+    rank replays through `draft`, the others — another rank's, or a resumed run's finished ones — through
+    `add_outputs` (rendered again, or read back from the finished part), so rows do not depend on the number of
+    ranks or on resuming."""
     import time
 
     from . import tables
@@ -634,9 +815,14 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
 
     from .target import VLLM_DEFAULTS, generation_config_profile
 
-    renderer = Renderer.from_model_dir(model.info.path, vocab_size=model.info.geometry.vocab_size, overrides=opts.template)
-    server_default = generation_config_profile(model.info.path) or VLLM_DEFAULTS
-    names = [p.name for p in opts.profiles] + [RECORDED]
+    roster = roster or drafter_roster(opts)
+    with_drafters = tuple(roster.names) != ("mtp",)  # an mtp-only run is written as before (no drafter columns)
+    vocab = model.info.geometry.vocab_size if model is not None else None
+    renderer = Renderer.from_model_dir(model.info.path if model is not None else model_dir, vocab_size=vocab,
+                                       overrides=opts.template)
+    server_default = (generation_config_profile(model.info.path) or VLLM_DEFAULTS) if model is not None else None
+    names = [p.name for p in opts.profiles] + [RECORDED] if model is not None else []
+    draft_ks = [kk for n in roster.names for kk in roster_draft_ks(n, opts.k)]
     done = tables.done_parts(out)
     counts = dict.fromkeys(COUNT_KEYS + MAX_KEYS, 0)
     errors: list[dict] = []
@@ -653,11 +839,20 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
         observer.warn(message)
         observer.session(session_id or "?", 0, skipped=True)
 
+    def feed(requests):  # state only: the requests another rank writes, or a resumed run kept
+        for tokens, spans in requests:
+            roster.add_outputs(tokens, spans)
+
     for item in read_sessions(files, on_error=opts.on_error):
         if opts.max_sessions is not None and item.index >= opts.max_sessions:
             break
         per_file[item.path] += 1
         if not ranks.owns(item.index):
+            if roster.stateful and not isinstance(item, Skipped):
+                try:
+                    feed([(r.input_ids, r.spans) for r in renderer.render(item).requests])
+                except SessionError:
+                    pass  # its owner skips it (or stops the run): it has no outputs either way
             continue
         if isinstance(item, Skipped):
             skip(item.index, item.path, item.line, item.session_id, item.message)
@@ -665,34 +860,41 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
         name = tables.part_name(item.index)
         c = None
         if name in done:
-            c, damaged = tables.finished_part(out, name, opts.k, item.id)
+            c, damaged = tables.finished_part(out, name, opts.k, item.id, draft_ks if with_drafters else None)
             if c is None:  # e.g. a part cut short by a full disk or a bad copy: never kept, recomputed
                 observer.note(f"{out / tables.POSITIONS / name} (session {item.id}): {damaged}; recomputing it")
                 tables.remove_part(out, name)
+            elif roster.stateful:
+                feed(tables.part_requests(out, name))
         if c is None:
             try:
                 rendered = renderer.render(item)
-                recorded, source = session_sampler(item, fallback, server_default)
+                recorded, source = session_sampler(item, fallback, server_default) if model is not None else (None, None)
                 speculative = speculative_steps(item)  # generate --speculative's own loop, for the report to compare
             except SessionError as e:
                 if opts.on_error == "fail":
                     raise
                 skip(item.index, e.path, e.line, e.session_id, str(e))
                 continue
+            profiles = tuple(opts.profiles) + (recorded,) if model is not None else ()
             try:
-                per_request = replay_session(model, rendered.requests, opts.k, tuple(opts.profiles) + (recorded,), opts.chunk_size)
+                per_request = replay_session(model, rendered.requests, opts.k, profiles, opts.chunk_size,
+                                             drafters=roster if with_drafters else None)
             except NonFiniteOutput as e:
                 raise CheckpointError(f"{model.info.path}: {e} in session {item.id} ({item.path}:{item.line}); the "
                                       f"weights hold NaN/inf or overflow in {str(model.dtype).removeprefix('torch.')}: "
                                       "check the checkpoint, or try --dtype float32") from None
-            positions = tables.positions_table(item.id, [(r.index, r.columns) for r in per_request], names)
+            positions = tables.positions_table(item.id, [(r.index, r.columns) for r in per_request], names,
+                                               drafters=list(roster.names) if with_drafters else None,
+                                               target=model is not None)
             requests = tables.requests_table(item.id, rendered.requests, [r.fit for r in per_request], names,
-                                             {"source": source, **recorded.as_dict()}, speculative)
+                                             {"source": source, **recorded.as_dict()} if model is not None else None,
+                                             speculative)
             tables.write_part(positions, out / tables.POSITIONS, name)  # positions first: a session is
             tables.write_part(requests, out / tables.REQUESTS, name)  # done once both parts exist
             c = {"requests": len(rendered.requests), "tokens_replayed": rendered.n_tokens,
                  "scored_tokens": rendered.scored_tokens, "rows": positions.num_rows,
-                 "anchors": int((positions.column("depth").to_numpy() == 1).sum()),
+                 "anchors": sum(max(sp.end - max(sp.start, 1), 0) for r in rendered.requests for sp in r.spans),
                  "max_request_tokens": max((len(r.input_ids) for r in rendered.requests), default=0)}
             fresh_tokens += rendered.n_tokens
         counts["sessions_ok"] += 1
@@ -700,7 +902,7 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel, 
             counts[key] = max(counts[key], value) if key in MAX_KEYS else counts[key] + value
         observer.session(item.id, c["tokens_replayed"], skipped=False)
     return {"counts": counts, "errors": errors, "per_file": per_file, "fresh_tokens": fresh_tokens,
-            "wall_s": time.time() - started}
+            "wall_s": time.time() - started, "drafting": roster.timing() if with_drafters else {}}
 
 
 def _finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> None:
@@ -722,8 +924,16 @@ def _finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> N
             entry["sessions"] = per_file[entry["path"]]
         wall = max(r["wall_s"] for r in results)
         fresh = sum(r["fresh_tokens"] for r in results)
-        manifest.update(status="complete", finished=_now(),
-                        timing={"wall_s": round(wall, 3), "tokens_per_s": round(fresh / wall, 1) if wall > 0 else None})
+        timing = {"wall_s": round(wall, 3), "tokens_per_s": round(fresh / wall, 1) if wall > 0 else None}
+        drafting = {}
+        for r in results:
+            for part, t in r.get("drafting", {}).items():
+                total = drafting.setdefault(part, {"seconds": 0.0, "anchors": 0})
+                total["seconds"] = round(total["seconds"] + t["seconds"], 3)
+                total["anchors"] += t["anchors"]
+        if drafting:
+            timing["drafting"] = drafting
+        manifest.update(status="complete", finished=_now(), timing=timing)
     try:
         tables.write_json_atomic(out / tables.MANIFEST, manifest)
     except (OSError, RunDirectoryError) as e:

@@ -20,7 +20,8 @@ import numpy as np
 from .engines import serve_lines
 from .metrics import CALIBRATION_TOLERANCE, Z_MAX
 from .literal import literal, markdown_literal
-from .report import Comparison, Delta, Report, Slice
+from .report import CONTEXT_BINS, Comparison, Delta, Report, Slice
+from .tables import SEGMENTS as SEGMENT_ORDER
 
 MAX_SESSIONS_SHOWN = 20  # the session table shows the lowest-τ_sim sessions; JSON has them all
 FLAG = "⚑"
@@ -83,7 +84,14 @@ def header_lines(report: Report, comparison: Comparison | None = None) -> list[s
         f"draft cost c = {report.cost.c:.4f} ({report.cost.detail}); "
         f"v(K) = {', '.join(num(x, 3) for x in report.cost.verify_extra)}",
     ]
-    if rec is not None and rec.name is None:
+    if len(report.drafters) > 1:
+        others = ", ".join(d.name for d in report.drafters)
+        lines.append(f"drafter judged: {report.drafter} (of {others}; `report --drafter NAME` judges another); every "
+                     "drafter is ranked below on the same anchors")
+    if rec is not None and not rec.checked:
+        lines.append("recording sampler: not checked — no target ran (a model-free replay): no p_accept, no on-policy "
+                     "rate, no what-if; the verdict says what the numbers mean")
+    elif rec is not None and rec.name is None:
         lines.append("recording sampler: no candidate fits the recorded tokens (table below)")
     elif rec is not None:
         pick = rec.candidate(rec.name)
@@ -139,8 +147,8 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
                 "τ_sim when acceptance comes in bursts); τ_S est = what-if estimate under sampling profile S "
                 "(the walk with S's acceptance probabilities)",
     )
-    tables = [by_k, engine_table(report)]
-    if rec is not None:
+    tables = [by_k, engine_table(report)] + drafter_tables(report)
+    if rec is not None and rec.checked:
         tables.append(TextTable(
             title=f"recording sampler ({rec.tokens:,} scored tokens): {rec.label}",
             columns=("candidate", "support", "calibration", "z", "log-lik/token", "fits"),
@@ -219,6 +227,57 @@ def engine_table(report: Report) -> TextTable:
                 "`mtp-observe export --engine ...` writes these numbers for the engines; `mtp-observe compare "
                 "--engine-metrics` checks the engine's own against them",
     )
+
+
+def drafter_tables(report: Report) -> list[TextTable]:
+    """Every drafter on the same anchors (a run of more than one): the ranking, speedup by K and drafter, and each
+    drafter by segment and by context length. Empty for a run of one drafter."""
+    if len(report.drafters) < 2:
+        return []
+    by_name = {d.name: d for d in report.drafters}
+    ranking = TextTable(
+        title="which drafter, at which K, on this traffic (each at its best K, best first)",
+        columns=("rank", "drafter", "K", "speedup", "τ_sim(K)", "c", "behind the best"),
+        rows=tuple((str(i), r.drafter + (" (judged)" if r.drafter == report.drafter else ""), str(r.k),
+                    with_interval(r.speedup, r.lo, r.hi), num(r.tau_sim), num(by_name[r.drafter].cost.c, 4),
+                    "—" if i == 1 else with_interval(r.behind, r.behind_lo, r.behind_hi))
+                   for i, r in enumerate(report.ranking, start=1)),
+        caption="speedup = τ_sim(K) / (1 + K·c + v(K)) with each drafter's own c: the head's for mtp and the hybrids "
+                "(they run the head at every step), 0 for ngram and suffix (CPU-side, no GPU draft step); the same v(K) "
+                "for all. behind the best: the best drafter's speedup minus this one's, its interval paired over the "
+                "same resampled sessions",
+    )
+    names = [d.name for d in report.drafters]
+    by_k = []
+    for k in range(1, report.k + 1):
+        values = [float(d.overall.value.speedup[k - 1]) for d in report.drafters]
+        finite = [v for v in values if math.isfinite(v)]
+        top = max(finite) if finite else None
+        by_k.append((str(k), *[num(v) + (" ★" if top is not None and v == top else "") for v in values]))
+    speedups = TextTable(
+        title="speedup by K and drafter (★ the best drafter at each K)",
+        columns=("K", *names), rows=tuple(by_k),
+        caption="suffix and the hybrids: the draft made for each K (it is not the Kmax draft cut at K); mtp and ngram: "
+                "the Kmax draft's first K tokens, which is what they draft at K",
+    )
+    segment_rows, context_rows = [], []
+    for d in report.drafters:
+        kb = d.best_k
+        for x in d.segments:
+            segment_rows.append((x.name, d.name, str(x.anchors), " ".join(num(a, 2) for a in x.value.alpha),
+                                 num(x.value.tau[kb - 1])))
+        for x in d.context:
+            context_rows.append((x.name, d.name, str(x.anchors), num(x.value.alpha[0]), cell(x, "tau_sim", kb - 1),
+                                 cell(x, "speedup", kb - 1)))
+    order = {name: i for i, name in enumerate(SEGMENT_ORDER)}
+    segment_rows.sort(key=lambda r: (order.get(r[0], len(order)), names.index(r[1])))
+    context_rows.sort(key=lambda r: ([n for _, _, n in CONTEXT_BINS].index(r[0]), names.index(r[1])))
+    return [ranking, speedups,
+            TextTable(title="drafters by segment of the drafted token (at each drafter's best K)",
+                      columns=("segment", "drafter", "anchors", "α_1..α_K", "τ(K) vLLM"), rows=tuple(segment_rows),
+                      caption="no τ_sim by segment: a decode walk crosses segments"),
+            TextTable(title="drafters by context length at the anchor (at each drafter's best K)",
+                      columns=("context", "drafter", "anchors", "α_1", "τ_sim(K)", "speedup"), rows=tuple(context_rows))]
 
 
 def _sort_key(x: float) -> float:
@@ -341,15 +400,31 @@ def markdown(report: Report, comparison: Comparison | None = None) -> str:
 
 
 def plot(report: Report, path: str | Path, comparison: Comparison | None = None) -> Path:
-    """Two panels: acceptance by depth (α_k, A_k) and τ, τ_sim, speedup versus K, each with its interval."""
+    """Two panels: acceptance by depth (α_k, A_k) and τ, τ_sim, speedup versus K, each with its interval; with
+    more than one drafter, a third: every drafter's speedup versus K (its own cost), with its band."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     o, K, kb, v = report.overall, report.k, report.best_k, report.verdict
     ks = np.arange(1, K + 1)
-    fig = Figure(figsize=(11, 4.4), layout="constrained")
+    several = len(report.drafters) > 1
+    fig = Figure(figsize=(16.5 if several else 11, 4.4), layout="constrained")
     FigureCanvasAgg(fig)
-    left, right = fig.subplots(1, 2)
+    panels = fig.subplots(1, 3 if several else 2)
+    left, right = panels[0], panels[1]
+    if several:
+        ax = panels[2]
+        colours = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+        for i, d in enumerate(report.drafters):
+            colour = colours[i % len(colours)]
+            if d.overall.lo is not None:
+                ax.fill_between(ks, d.overall.lo.speedup, d.overall.hi.speedup, color=colour, alpha=0.15, linewidth=0)
+            ax.plot(ks, d.overall.value.speedup, marker="o", color=colour, linewidth=2,
+                    label=f"{d.name}  c = {d.cost.c:.3f}" + (" (judged)" if d.judged else ""))
+        ax.axhline(1.0, color="grey", linewidth=1, linestyle=":")
+        ax.set(title="speedup vs K, every drafter (95% bands)", xlabel="draft length K", ylabel="speedup ×", xticks=ks)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", fontsize=8)
 
     def with_bars(ax, x, field, label, colour, marker, index=slice(None)):
         y = getattr(o.value, field)[index]
@@ -387,7 +462,8 @@ def plot(report: Report, path: str | Path, comparison: Comparison | None = None)
     right.grid(alpha=0.3)
     right.legend(loc="upper left", fontsize=8)
     gate = v.gate.text if v.enforced else "no gate"
-    fig.suptitle(f"{report.path.name}: {len(report.sessions)} sessions, {o.anchors} anchors, on-policy "
+    judged = f" [{report.drafter}]" if several else ""
+    fig.suptitle(f"{report.path.name}{judged}: {len(report.sessions)} sessions, {o.anchors} anchors, on-policy "
                  f"{num(o.value.on_policy)} — {v.status} ({gate})", fontsize=11)
     path = Path(path)
     fig.savefig(path, dpi=120)

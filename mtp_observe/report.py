@@ -43,6 +43,15 @@ Decisions, written down once:
   bound of the gated metric at the best K clears the threshold, NO-GO otherwise.
 - Context slices: rows by the anchor's position p (CONTEXT_BINS); τ_sim and the fit sums of a context
   slice walk the turns that start in it.
+- Drafters (a run of several, tables.py): `load_run(path, drafter)` reads one drafter's rows, so every metric
+  above is computed for each drafter by the same lines; the judged drafter (`--drafter`, default mtp when the
+  run has it, else its first) gets the slices, the verdict and the baseline comparison, and every drafter is
+  summarised and ranked beside it (`summarize_drafters`) on the same resamples (paired). Each pays its own draft
+  cost (`drafter_cost`): the head's c for mtp and the hybrids, 0 for ngram and suffix (CPU-side); v(K) is every
+  drafter's. τ_sim(K) of a per-K drafter (suffix, the hybrids) walks the draft made for K; α_k, A_k, τ(K) and the
+  what-if read its Kmax drafts. The recording-sampler check is of the traffic, so the same for every drafter;
+  a model-free replay ran no target, so it has no check and its verdict is UNRELIABLE, saying what the numbers
+  are (the drafts' agreement with the recorded tokens, not a serving prediction).
 
 Counts are taken here (`tally`); rates are derived only in `metrics.py`; presenting lives in
 `presentation.py` and `heatmap.py`. Imports no torch: pandas, numpy and pyarrow only, so a CI job
@@ -98,7 +107,7 @@ class Rows:
     turn: np.ndarray  # [R] int64  turn of the row's scored span
     accepted: np.ndarray  # [R] bool  match at every depth 1..k
     on_path: np.ndarray  # [R] bool  the same anchor's row at depth k-1 is accepted (True at k = 1)
-    on_policy: np.ndarray  # [R] bool  actual_token == target_token
+    on_policy: np.ndarray  # [R] float64  1.0 where actual_token == target_token, else 0.0 (NaN: no target ran)
     p_accept: np.ndarray  # [R, P] float64  p_accept_<profile>
     draft_token: np.ndarray  # [R] int64
     anchor: np.ndarray  # [R] int64  index of the row's anchor (into Run.accepted_len)
@@ -147,10 +156,15 @@ class Run:
     own_sampler: np.ndarray | None = None  # [S] bool  the session's `recorded` profile is its own meta.sampling
     longest: np.ndarray | None = None  # [S] int64  tokens of each session's longest request
     loop: "LoopSteps | None" = None  # what `generate --speculative K` recorded (requests.parquet `speculative`), or None
+    drafter: str = "mtp"  # the drafter whose rows these are
+    drafters: tuple[str, ...] = ("mtp",)  # every drafter of the run (run.json drafters)
+    target_ran: bool = True  # False: a model-free replay (no target columns, no fit sums)
+    accepted_len_by_k: np.ndarray | None = None  # [A, K] accepted length of the draft made for K' = 1..K (per-K
+    #                                              drafters: suffix, the hybrids); None: the Kmax draft's, cut at K'
 
     @property
     def has_fit(self) -> bool:
-        return self.version >= 2
+        return self.version >= 2 and self.target_ran
 
 
 PART = "__part"  # a column read_dataset adds on request: each row's part file name ("" for a single-file table)
@@ -180,15 +194,43 @@ def read_dataset(path: Path, columns: list[str], status: str, filter=None) -> pa
         raise _run_error(path, f"cannot be read as Parquet ({_one_line(e)}); the run directory is damaged") from None
 
 
-def load_run(path: str | Path) -> Run:
-    """Read and check a run directory. Every inconsistency a reader would trip on is one RunDirectoryError."""
+def run_drafters(manifest: dict) -> tuple[str, ...]:
+    """The drafters a run holds rows of, in run.json order (a run without `drafters` is an mtp-only run)."""
+    drafters = manifest.get("drafters")
+    return tuple(drafters) if isinstance(drafters, dict) and drafters else ("mtp",)
+
+
+def judged_drafter(manifest: dict, drafter: str | None = None) -> str:
+    """The drafter a report reads: --drafter NAME, else mtp when the run has it, else its first drafter."""
+    names = run_drafters(manifest)
+    if drafter is None:
+        return "mtp" if "mtp" in names else names[0]
+    if drafter not in names:
+        raise OptionError(f"--drafter {drafter}: the run has no rows of it; it has {', '.join(names)}")
+    return drafter
+
+
+def _draft_ks(manifest: dict, drafter: str, k: int) -> tuple[int, ...]:
+    entry = (manifest.get("drafters") or {}).get(drafter) or {}
+    ks = entry.get("draft_k") if isinstance(entry, dict) else None
+    return tuple(int(x) for x in ks) if isinstance(ks, list) and ks else (k,)
+
+
+def load_run(path: str | Path, drafter: str | None = None) -> Run:
+    """Read and check a run directory (the rows of one drafter: `judged_drafter`). Every inconsistency a reader
+    would trip on is one RunDirectoryError."""
     path = Path(path)
     manifest = read_manifest(path)
     K = manifest["k"]
-    profiles = tuple(manifest.get("sampling", {}))
+    target_ran = manifest.get("target_ran", True) is not False
+    profiles = tuple(manifest.get("sampling", {})) if target_ran else ()
     status = str(manifest.get("status", "unknown"))
     version = int(manifest["schema_version"])
     counts = manifest.get("counts") if isinstance(manifest.get("counts"), dict) else {}
+    drafters = run_drafters(manifest)
+    chosen = judged_drafter(manifest, drafter)
+    with_drafters = drafters != ("mtp",)
+    draft_ks = _draft_ks(manifest, chosen, K)
     notes: list[str] = []
     if status != "complete":
         notes.append(f"run status is {status!r}: the report covers the sessions written so far")
@@ -200,18 +242,24 @@ def load_run(path: str | Path) -> Run:
                      "(the on-policy rate); re-run replay for sampled traffic")
         notes.append("schema_version 1 run: its profiles have no penalties or min-p, and no what-if estimates "
                      "(they need the sampler sums); re-run replay for them")
+    if not target_ran:
+        notes.append(f"a model-free replay ({', '.join(drafters)}): no target ran, so there is no p_accept, no on-policy "
+                     "rate, no recording-sampler check and no what-if; the rows compare drafts with the recorded tokens "
+                     "only (replay with mtp in --drafters for the rest)")
 
-    # 1. positions.parquet -> arrays, sorted by (session, request, pos, depth); a session is (part, session_id)
+    # 1. positions.parquet -> arrays, sorted by (session, request, pos, depth); a session is (part, session_id). With
+    #    drafters: this drafter's rows drafted for Kmax (those for K' < Kmax give accepted lengths only, step 2)
     positions_path = path / "positions.parquet"
-    columns = ["session_id", "request", "pos", "depth", "segment", "draft_token", "actual_token", "target_token",
-               "match", "accepted", "draft_logprob", "target_logprob", "actual_logprob"] + \
-               [f"p_accept_{p}" for p in profiles] + [PART]
-    table = read_dataset(positions_path, columns, status)
+    columns = ["session_id", "request", "pos", "depth", "segment", "draft_token", "actual_token", "match", "accepted",
+               "draft_logprob"] + (["target_token", "target_logprob", "actual_logprob"] if target_ran else []) + \
+              [f"p_accept_{p}" for p in profiles] + [PART]
+    table = read_dataset(positions_path, columns, status, filter=_variant(chosen, K) if with_drafters else None)
     if table.num_rows == 0:
-        raise _run_error(positions_path, "has no rows: the run scored no assistant tokens, so there is nothing to report")
+        raise _run_error(positions_path, "has no rows" + (f" of drafter {chosen}" if with_drafters else "") +
+                         ": the run scored no assistant tokens, so there is nothing to report")
     session_codes, session_keys = _session_keys(table)
     sessions = _session_names(session_keys, notes)
-    _check_ranges(table, profiles, positions_path)
+    _check_ranges(table, profiles, positions_path, model_free=chosen != "mtp")
     segment_col = table.column("segment").to_pandas().astype("category")
     names = list(segment_col.cat.categories.astype(str))
     segments = tuple(SEGMENTS + sorted(n for n in names if n not in SEGMENTS))
@@ -224,21 +272,91 @@ def load_run(path: str | Path) -> Run:
     order = np.lexsort((depth, pos, request, session))
     session, request, pos, depth = session[order], request[order], pos[order], depth[order]
     segment = segment_codes[order]
+    del segment_col, segment_codes, session_codes
     match, accepted = col("match", bool)[order], col("accepted", bool)[order]
     draft_token = col("draft_token")[order]
-    on_policy = col("actual_token")[order] == col("target_token")[order]
+    on_policy = ((col("actual_token")[order] == col("target_token")[order]).astype(np.float64) if target_ran
+                 else np.full(len(order), np.nan))
     p_accept = np.stack([col(f"p_accept_{p}", np.float64)[order] for p in profiles], axis=1) if profiles \
         else np.zeros((len(order), 0))
-
-    # 2. the rows of one anchor are depths 1..m, contiguous; accepted(k) = match(k) and accepted(k-1)
+    del table, order  # the arrays hold what the report reads: the Arrow buffers can go
+    pa.default_memory_pool().release_unused()
     if (segment < 0).any():
         bad = int(np.flatnonzero(segment < 0)[0])
         raise _run_error(positions_path, f"session {sessions[session[bad]]} request {request[bad]} pos {pos[bad]} depth "
                          f"{depth[bad]} has no segment; the file is corrupt, re-run replay")
-    if depth.min() < 1 or depth.max() > K:
-        bad = int(np.flatnonzero((depth < 1) | (depth > K))[0])
+
+    # 2. per draft length K' (one, Kmax, for mtp): the rows of one anchor are depths 1..m, contiguous;
+    #    accepted(k) = match(k) and accepted(k-1); every anchor in exactly one span with rows at depths 1..min(K', e-p)
+    requests_path = path / "requests.parquet"
+    with_loop = version >= 2 and _has_column(requests_path, "speculative")
+    req = read_dataset(requests_path, ["session_id", "request", "n_tokens", "spans", PART]
+                       + (["fit", "recorded_sampling"] if version >= 2 else []) + (["speculative"] if with_loop else []), status)
+    spans = _flatten_spans(req, session_keys, sessions, requests_path, notes, profiles, read_fit=version >= 2 and target_ran)
+    on_path, anchor, accepted_len, span_index = _chains(K, session, request, pos, depth, match, accepted, spans, sessions,
+                                                        positions_path, requests_path)
+    if status == "complete":
+        _check_counts(path / "run.json", counts, req, int((depth == 1).sum()), _count_rows(positions_path),
+                      requests_path, positions_path)
+    accepted_len_by_k = None
+    if len(draft_ks) > 1:  # a per-K drafter: the accepted length of the draft made for every K' (same anchors)
+        if sorted(draft_ks) != list(range(1, K + 1)):
+            raise _run_error(path / "run.json", f"drafters.{chosen}.draft_k is {list(draft_ks)}, expected [1, .., {K}] or "
+                                                f"[{K}]; the run directory is inconsistent")
+        accepted_len_by_k = np.stack([accepted_len if kk == K else _accepted_at(
+            positions_path, status, chosen, kk, session_keys, spans, sessions, requests_path) for kk in range(1, K + 1)],
+            axis=1)
+    rows = Rows(
+        session=session, request=request, pos=pos, depth=depth, segment=segment,
+        turn=spans.turn[span_index][anchor], accepted=accepted, on_path=on_path, on_policy=on_policy,
+        p_accept=p_accept, draft_token=draft_token, anchor=anchor,
+    )
+    own, longest = _session_facts(req, session_keys, version)
+    loop = _loop_steps(req, session_keys, sessions, spans, requests_path) if with_loop else None
+    return Run(path=path, manifest=manifest, k=K, profiles=profiles, sessions=sessions, segments=segments,
+               session_keys=session_keys, rows=rows, spans=spans, accepted_len=accepted_len, notes=tuple(notes),
+               version=version, own_sampler=own, longest=longest, loop=loop, drafter=chosen, drafters=drafters,
+               target_ran=target_ran, accepted_len_by_k=accepted_len_by_k)
+
+
+def _variant(drafter: str, k: int):
+    """The dataset filter of one drafter's rows drafted for K' = k."""
+    return (pads.field("drafter") == drafter) & (pads.field("draft_k") == k)
+
+
+def _accepted_at(positions_path: Path, status: str, drafter: str, k: int, session_keys, spans: "Spans", sessions,
+                 requests_path: Path) -> np.ndarray:
+    """[A] the accepted length at every anchor of the draft `drafter` made for K' = k (its rows with draft_k = k,
+    checked as the Kmax rows are), in the anchor order of the Kmax rows."""
+    table = read_dataset(positions_path, ["session_id", "request", "pos", "depth", "match", "accepted", PART], status,
+                         filter=_variant(drafter, k))
+    codes, keys = _session_keys(table)
+    index = {key: i for i, key in enumerate(session_keys)}
+    unknown = [key for key in keys if key not in index]
+    if unknown:
+        raise _run_error(positions_path, f"session {unknown[0][1]} has rows of {drafter} drafted for K = {k} but none for "
+                                         "the largest K; the run directory is inconsistent, re-run replay")
+    session = np.array([index[key] for key in keys], dtype=np.int64)[codes] if len(keys) else codes
+
+    def col(name, dtype=np.int64):
+        return table.column(name).to_numpy(zero_copy_only=False).astype(dtype)
+
+    request, pos, depth = col("request"), col("pos"), col("depth")
+    order = np.lexsort((depth, pos, request, session))
+    _, _, accepted_len, _ = _chains(k, session[order], request[order], pos[order], depth[order], col("match", bool)[order],
+                                    col("accepted", bool)[order], spans, sessions, positions_path, requests_path)
+    return accepted_len
+
+
+def _chains(k: int, session, request, pos, depth, match, accepted, spans: "Spans", sessions,
+            positions_path: Path, requests_path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of one draft length k (sorted by session, request, pos, depth) checked as chains ->
+    (on_path [R], anchor [R] index of each row's anchor, accepted_len [A], span_index [A] of each anchor)."""
+    if depth.size == 0 or depth.min() < 1 or depth.max() > k:
+        bad = int(np.flatnonzero((depth < 1) | (depth > k))[0]) if depth.size else None
         raise _run_error(positions_path, f"session {sessions[session[bad]]} request {request[bad]} pos {pos[bad]} has depth "
-                         f"{depth[bad]}, outside 1..{K} (run.json k); the run directory is inconsistent")
+                         f"{depth[bad]}, outside 1..{k} (run.json k); the run directory is inconsistent" if bad is not None
+                         else f"has no rows drafted for K = {k}; the run directory is incomplete, re-run replay")
     same_anchor = np.zeros(len(depth), dtype=bool)
     same_anchor[1:] = (session[1:] == session[:-1]) & (request[1:] == request[:-1]) & (pos[1:] == pos[:-1])
     previous_depth = np.concatenate([[0], depth[:-1]])
@@ -260,12 +378,7 @@ def load_run(path: str | Path) -> Run:
     anchor = np.cumsum(first) - 1  # [R]
     accepted_len = np.bincount(anchor, weights=accepted, minlength=int(first.sum())).astype(np.int64)
 
-    # 3. requests.parquet -> spans of the sessions that have rows; every anchor in exactly one span
-    requests_path = path / "requests.parquet"
-    with_loop = version >= 2 and _has_column(requests_path, "speculative")
-    req = read_dataset(requests_path, ["session_id", "request", "n_tokens", "spans", PART]
-                       + (["fit", "recorded_sampling"] if version >= 2 else []) + (["speculative"] if with_loop else []), status)
-    spans = _flatten_spans(req, session_keys, sessions, requests_path, notes, profiles, read_fit=version >= 2)
+    # every anchor in exactly one span, one per position s..e-1, with rows at depths 1..min(k, e - p)
     a_session, a_request, a_pos = session[first], request[first], pos[first]
     span_index = _assign_spans(a_session, a_request, a_pos, spans)
     if (span_index < 0).any():
@@ -280,23 +393,21 @@ def load_run(path: str | Path) -> Run:
                          f"[{spans.start[bad]}, {spans.end[bad]}] has {anchors_per_span[bad]} anchor rows, expected "
                          f"{expected[bad]} (one per position s..e-1); the file is incomplete, re-run replay")
     depths_drafted = np.bincount(anchor)  # [A] m: rows at each anchor
-    evaluable = np.minimum(K, spans.end[span_index] - a_pos)  # min(K, e - p): every evaluable depth has a row
+    evaluable = np.minimum(k, spans.end[span_index] - a_pos)  # min(k, e - p): every evaluable depth has a row
     if not np.array_equal(depths_drafted, evaluable):
         bad = int(np.flatnonzero(depths_drafted != evaluable)[0])
         raise _run_error(positions_path, f"session {sessions[a_session[bad]]} request {a_request[bad]} anchor {a_pos[bad]} "
                          f"has rows at depths 1..{depths_drafted[bad]}, expected 1..{evaluable[bad]} (min(k, e - p)); "
                          "the file is incomplete, re-run replay")
-    if status == "complete":
-        _check_counts(path / "run.json", counts, req, table, requests_path, positions_path)
-    rows = Rows(
-        session=session, request=request, pos=pos, depth=depth, segment=segment, turn=spans.turn[span_index][anchor],
-        accepted=accepted, on_path=on_path, on_policy=on_policy, p_accept=p_accept, draft_token=draft_token, anchor=anchor,
-    )
-    own, longest = _session_facts(req, session_keys, version)
-    loop = _loop_steps(req, session_keys, sessions, spans, requests_path) if with_loop else None
-    return Run(path=path, manifest=manifest, k=K, profiles=profiles, sessions=sessions, segments=segments,
-               session_keys=session_keys, rows=rows, spans=spans, accepted_len=accepted_len, notes=tuple(notes),
-               version=version, own_sampler=own, longest=longest, loop=loop)
+    return on_path, anchor, accepted_len, span_index
+
+
+def _count_rows(path: Path) -> int:
+    """Rows of a Parquet dataset (every drafter's), from the files' metadata."""
+    try:
+        return int(pads.dataset(str(path), format="parquet").count_rows())
+    except (pa.ArrowException, OSError) as e:
+        raise _run_error(path, f"cannot be read as Parquet ({_one_line(e)}); the run directory is damaged") from None
 
 
 def _has_column(path: Path, name: str) -> bool:
@@ -383,7 +494,12 @@ def _session_keys(table: pa.Table) -> tuple[np.ndarray, tuple[tuple[str, str], .
     import pandas as pd
 
     part_index, names = _part_of_rows(table)
-    id_codes, ids = pd.factorize(table.column("session_id").to_pandas(), sort=False)
+    # Encoded by pyarrow (codes by first appearance, one dictionary over every chunk): millions of rows never
+    # become Python strings.
+    encoded = table.column("session_id").dictionary_encode().unify_dictionaries()
+    ids = encoded.chunk(0).dictionary.to_pylist() if encoded.num_chunks else []
+    id_codes = np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in encoded.chunks]).astype(np.int64) \
+        if encoded.num_chunks else np.zeros(0, dtype=np.int64)
     width = len(ids) + 1
     codes, pairs = pd.factorize(part_index * width + id_codes, sort=False)
     keys = tuple((str(names[p // width]), str(ids[p % width])) for p in pairs)
@@ -402,13 +518,20 @@ def _session_names(keys: tuple[tuple[str, str], ...], notes: list[str]) -> tuple
     return tuple(f"{sid} [{part}]" if repeated[sid] > 1 else sid for part, sid in keys)
 
 
-def _check_ranges(table: pa.Table, profiles: tuple[str, ...], where: Path) -> None:
-    """Probabilities in [0, 1] and log-probabilities <= 0 (within the rounding slack); NaN and inf are outside."""
-    bounds = [(c, -np.inf, LOGPROB_SLACK) for c in ("draft_logprob", "target_logprob", "actual_logprob")]
+def _check_ranges(table: pa.Table, profiles: tuple[str, ...], where: Path, model_free: bool = False) -> None:
+    """Probabilities in [0, 1] and log-probabilities <= 0 (within the rounding slack); NaN and inf are outside —
+    except where a value is undefined: target_logprob where nothing was proposed (draft_token -1), draft_logprob of
+    a drafter other than the head (model_free: NaN where it did not take the head's draft)."""
+    bounds = [(c, -np.inf, LOGPROB_SLACK) for c in ("draft_logprob", "target_logprob", "actual_logprob") if c in table.column_names]
     bounds += [(f"p_accept_{p}", -PROB_SLACK, 1 + PROB_SLACK) for p in profiles]
+    proposed = table.column("draft_token").to_numpy(zero_copy_only=False) >= 0
     for name, lo, hi in bounds:
         values = table.column(name).to_numpy(zero_copy_only=False)
         outside = ~((values >= lo) & (values <= hi)) | np.isinf(values)
+        if name == "target_logprob":
+            outside &= proposed | ~np.isnan(values)
+        elif name == "draft_logprob" and model_free:
+            outside &= ~np.isnan(values)
         if outside.any():
             i = int(np.flatnonzero(outside)[0])
             lo_text = "-inf" if lo == -np.inf else f"{lo:g}"
@@ -417,11 +540,11 @@ def _check_ranges(table: pa.Table, profiles: tuple[str, ...], where: Path) -> No
                                     "directory is damaged, re-run replay")
 
 
-def _check_counts(manifest_path: Path, counts: dict, requests: pa.Table, positions: pa.Table, requests_path: Path,
+def _check_counts(manifest_path: Path, counts: dict, requests: pa.Table, anchors: int, rows: int, requests_path: Path,
                   positions_path: Path) -> None:
-    """A complete run holds what its manifest counted: a part deleted, added or cut since is one line."""
+    """A complete run holds what its manifest counted: a part deleted, added or cut since is one line. anchors: the
+    drafter's anchors (every drafter drafts at the same ones); rows: every drafter's rows."""
     spans = requests.column("spans").combine_chunks().flatten()
-    depth = positions.column("depth").to_numpy(zero_copy_only=False)
     part_index, _ = _part_of_rows(requests)
     keys = set(zip(part_index.tolist(), requests.column("session_id").to_pylist()))
     actual = {
@@ -432,8 +555,8 @@ def _check_counts(manifest_path: Path, counts: dict, requests: pa.Table, positio
         "scored_tokens": (int(np.sum(spans.field("end").to_numpy(zero_copy_only=False) -
                                      spans.field("start").to_numpy(zero_copy_only=False) + 1)),
                           f"{requests_path.name} spans hold", "scored tokens"),
-        "anchors": (int((depth == 1).sum()), f"{positions_path.name} holds", "anchors"),
-        "rows": (positions.num_rows, f"{positions_path.name} holds", "rows"),
+        "anchors": (anchors, f"{positions_path.name} holds", "anchors"),
+        "rows": (rows, f"{positions_path.name} holds", "rows"),
     }
     for key, (value, where, what) in actual.items():
         expected = counts.get(key)
@@ -620,12 +743,40 @@ def resolve_cost(run: Run, probe: str | Path | None = None, draft_cost: float | 
                     detail=f"--draft-cost {draft_cost}", notes=())
     roofline = ((run.manifest.get("model") or {}).get("roofline") or {})
     c = roofline.get("draft_cost")
+    if not roofline and not any(d not in MODEL_FREE_DRAFTERS for d in run.drafters):
+        return model_free_cost(run)
     if not _finite(c) or c < 0:
         raise _run_error(run.path / "run.json",
                          "has no model.roofline.draft_cost; pass --draft-cost C or --probe probe.json")
     precision = roofline.get("precision", run.manifest.get("dtype", "?"))
     return Cost(c=float(c), verify_extra=np.zeros(run.k), source="roofline",
                 detail=f"roofline at {precision}: head + lm_head bytes / target bytes", notes=())
+
+
+MODEL_FREE_DRAFTERS = ("ngram", "suffix")  # draft on the CPU: no draft step on the GPU
+
+
+def drafter_cost(cost: Cost, drafter: str) -> Cost:
+    """The cost one drafter's speculation pays per target step, in the same units as the head's.
+
+    mtp and the hybrids: the head's c — Arctic Inference runs the model drafter at every step for every request
+    and only then weighs suffix decoding's draft against it (arctic_inference/vllm/model_runner.py @ 9d464388,
+    `propose_draft_token_ids`), so a hybrid pays the head's draft step whichever draft it keeps. ngram and
+    suffix: c = 0 — they draft on the CPU from the tokens alone, between target steps, with no GPU work (their CPU
+    time, run.json timing.drafting, is microseconds per draft against a target step of milliseconds: README,
+    "Model-free drafters"). The verify term v(K) is every drafter's: verifying K+1 tokens costs the target the
+    same whoever drafted them."""
+    if drafter not in MODEL_FREE_DRAFTERS or cost.source == "model-free":
+        return cost
+    return Cost(c=0.0, verify_extra=cost.verify_extra, source=cost.source,
+                detail=f"{drafter} drafts on the CPU between target steps: c = 0; v(K) as for every drafter "
+                       f"({cost.detail})", notes=cost.notes)
+
+
+def model_free_cost(run: "Run") -> Cost:
+    """The cost of a run whose drafters are all model-free and whose manifest has no roofline: c = 0, v(K) = 0."""
+    return Cost(c=0.0, verify_extra=np.zeros(run.k), source="model-free",
+                detail="model-free drafters only: no draft step on the GPU (c = 0), v(K) = 0 without a probe", notes=())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -686,6 +837,7 @@ class RecordingSampler:
     own_sessions: int  # sessions scored with their own meta.sampling (the `recorded` profile)
     min_support: float
     reason: str  # one sentence, with the statistics
+    checked: bool = True  # False: no target ran (a model-free replay), so nothing could be checked
 
     def candidate(self, name: str | None) -> Candidate | None:
         return next((c for c in self.candidates if c.name == name), None)
@@ -707,6 +859,17 @@ def recording_sampler(run: Run, overall: Rates, recorded_with: str | None, min_s
         params = sampling.get(name) or {}
         return isinstance(params, dict) and _finite(params.get("temperature")) and params["temperature"] < 1e-5
 
+    if not run.target_ran:
+        if recorded_with is not None:
+            raise OptionError(f"--recorded-with {recorded_with}: this model-free run ran no target, so no sampler can be "
+                              "checked; replay with mtp in --drafters to check one")
+        return RecordingSampler(
+            name=None, label="not checked (no target ran)", declared=None, fits=False, candidates=(), tokens=0,
+            own_sessions=0, min_support=min_support, checked=False,
+            reason=(f"no target ran (a model-free replay), so it cannot be checked that these sessions are the target's "
+                    f"own traffic, which is what makes a draft that equals the recorded token a draft the target accepts: "
+                    f"the numbers measure how often {run.drafter}'s drafts equal the recorded tokens (how repetitive the "
+                    "traffic is), not what serving would accept; replay with mtp in --drafters for the check"))
     if not run.has_fit:  # version 1: greedy, through the on-policy rate, is all that can be checked
         if recorded_with not in (None, "greedy"):
             raise OptionError(f"--recorded-with {recorded_with}: this schema_version 1 run has no sampler sums, so only "
@@ -885,6 +1048,9 @@ class Report:
     recording: RecordingSampler | None = None
     resampling: Resampling | None = None
     speculative: tuple["SpeculativeCheck", ...] = ()  # one per K of `generate --speculative` loops in the run
+    drafter: str = "mtp"  # the drafter these slices and the verdict are of
+    drafters: tuple["DrafterSummary", ...] = ()  # every drafter of the run, run.json order (summarize_drafters)
+    ranking: tuple["Rank", ...] = ()  # the drafters by speedup at their best K, best first
 
 
 def tally(run: Run, row_group: np.ndarray, n_groups: int, span_group: np.ndarray | None, steps: np.ndarray,
@@ -917,7 +1083,7 @@ def tally(run: Run, row_group: np.ndarray, n_groups: int, span_group: np.ndarray
         on_path=per_cell(r.on_path).astype(np.int64),
         accepted=per_cell(r.accepted).astype(np.int64),
         p_accept=np.stack(p_accept, axis=1) if p_accept else np.zeros((n_groups, 0, K)),
-        on_policy=np.bincount(row_group[first], weights=r.on_policy[first], minlength=n_groups).astype(np.int64),
+        on_policy=np.bincount(row_group[first], weights=r.on_policy[first], minlength=n_groups),
         span_tokens=per_span((run.spans.end - run.spans.start).astype(np.float64)).astype(np.int64),
         steps=per_span(steps.astype(np.float64)).astype(np.int64),
         expected_steps=per_span(expected if expected is not None else np.zeros((N, P, K))),
@@ -928,19 +1094,23 @@ def tally(run: Run, row_group: np.ndarray, n_groups: int, span_group: np.ndarray
 
 
 def simulated_steps(run: Run) -> np.ndarray:
-    """[N, K] steps of the simulated decode of every span at K = 1..Kmax."""
+    """[N, K] steps of the simulated decode of every span at K = 1..Kmax: with the draft made for K itself where a
+    drafter's draft at K is not the first K tokens of its draft at Kmax (run.accepted_len_by_k), so τ_sim(K) is
+    exact at every K."""
     return simulated_walks(run)[0]
 
 
 def simulated_walks(run: Run) -> tuple[np.ndarray, np.ndarray]:
-    """([N, K] steps, [N, K, K] step_accepted) of the simulated decode of every span at draft length K = 1..Kmax:
-    step_accepted[n, K-1, k-1] counts the walk's steps that accept depth k (0 for k > K), as vLLM counts them."""
+    """([N, K] steps, [N, K, K] step_accepted) of the simulated decode of every span at draft length K = 1..Kmax
+    (the draft made for K where run.accepted_len_by_k has one): step_accepted[n, K-1, k-1] counts the walk's steps
+    that accept depth k (0 for k > K), as vLLM counts them."""
     span_len = run.spans.end - run.spans.start
     N, Kmax = len(span_len), run.k
+    by_k = run.accepted_len_by_k
     steps = np.zeros((N, Kmax), dtype=np.int64)
     step_accepted = np.zeros((N, Kmax, Kmax), dtype=np.int64)
     for k in range(1, Kmax + 1):
-        walk = decode_walk(run.accepted_len, span_len, k)
+        walk = decode_walk(run.accepted_len if by_k is None else by_k[:, k - 1], span_len, k)
         steps[:, k - 1] = walk.steps
         step_accepted[:, k - 1, :k] = walk.step_accepted
     return steps, step_accepted
@@ -1095,6 +1265,7 @@ def summarize(
         level=level, rows=len(r.depth), overall=overall, segments=segments, turns=turns, sessions=sessions,
         best_k=k, verdict=verdict, notes=tuple(notes), context=context, recording=recording, resampling=plan,
         speculative=speculative_checks(run, steps),
+        drafter=run.drafter,
     )
 
 
@@ -1157,6 +1328,95 @@ def speculative_checks(run: Run, steps: np.ndarray) -> tuple[SpeculativeCheck, .
         out.append(SpeculativeCheck(k=int(K), requests=int(members.size), tokens=int(span_len[loop.span[members]].sum()),
                                     steps=int(mine.sum()), replay_steps=replay_steps, agree=agree, first_difference=first))
     return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4b. Every drafter on the same anchors
+
+
+@dataclass(frozen=True)
+class DrafterSummary:
+    """One drafter's numbers over the run (its own Report's, with its own cost)."""
+
+    name: str
+    cost: Cost  # drafter_cost: the head's for mtp and the hybrids, c = 0 for ngram and suffix
+    best_k: int  # argmax of its speedup
+    overall: Slice
+    segments: tuple[Slice, ...]
+    context: tuple[Slice, ...]
+    per_k: bool  # its τ_sim(K) walks the draft made for each K (suffix, the hybrids), not the Kmax draft cut at K
+    judged: bool  # the verdict is of this drafter
+
+
+@dataclass(frozen=True)
+class Rank:
+    """A drafter at its best K, against the best drafter on the same resamples (paired: same sessions drawn)."""
+
+    drafter: str
+    k: int
+    speedup: float
+    lo: float | None  # bootstrap interval of the speedup (None without intervals)
+    hi: float | None
+    tau_sim: float
+    behind: float  # best drafter's speedup (at its K) - this one's (at its K); 0 for the best
+    behind_lo: float | None  # its paired bootstrap interval (None for the best, or without intervals)
+    behind_hi: float | None
+
+
+def drafter_summary(report: Report, per_k: bool, judged: bool) -> DrafterSummary:
+    return DrafterSummary(name=report.drafter, cost=report.cost, best_k=report.best_k, overall=report.overall,
+                          segments=report.segments, context=report.context, per_k=per_k, judged=judged)
+
+
+def rank_drafters(summaries: tuple[DrafterSummary, ...], level: float = 0.95) -> tuple[Rank, ...]:
+    """The drafters by speedup at their own best K, best first (NaN last; run.json order on ties). Each is
+    compared with the best on the same bootstrap resamples — every drafter's report resamples the same sessions
+    (or turns) with the same seed — so the interval of the difference is paired."""
+    def value(d: DrafterSummary) -> float:
+        x = float(d.overall.value.speedup[d.best_k - 1])
+        return x if math.isfinite(x) else -math.inf
+
+    ordered = sorted(summaries, key=lambda d: -value(d))
+    best = ordered[0]
+    out = []
+    for d in ordered:
+        o, k = d.overall, d.best_k
+        lo = float(o.lo.speedup[k - 1]) if o.lo is not None else None
+        hi = float(o.hi.speedup[k - 1]) if o.hi is not None else None
+        behind = float(best.overall.value.speedup[best.best_k - 1] - o.value.speedup[k - 1])
+        b_lo = b_hi = None
+        if d is not best and o.replicates is not None and best.overall.replicates is not None:
+            diff = best.overall.replicates.speedup[:, best.best_k - 1] - o.replicates.speedup[:, k - 1]
+            b_lo, b_hi = (float(x) for x in percentile_interval(diff, level))
+        out.append(Rank(drafter=d.name, k=k, speedup=float(o.value.speedup[k - 1]), lo=lo, hi=hi,
+                        tau_sim=float(o.value.tau_sim[k - 1]), behind=behind, behind_lo=b_lo, behind_hi=b_hi))
+    return tuple(out)
+
+
+def summarize_drafters(report: Report, run: Run, base_cost: Cost, **options) -> Report:
+    """The judged drafter's report with every drafter of the run summarised beside it (each its own rows, its own
+    cost, the same resamples) and ranked."""
+    from dataclasses import replace
+
+    summaries = []
+    for name in run.drafters:
+        if name == run.drafter:
+            other, other_run = report, run
+        else:
+            other_run = load_run(run.path, name)
+            other = summarize(other_run, drafter_cost(base_cost, name), **options)
+        summaries.append(drafter_summary(other, per_k=other_run.accepted_len_by_k is not None, judged=name == run.drafter))
+    summaries = tuple(summaries)
+    notes = list(report.notes)
+    model_free = [d.name for d in summaries if d.name in MODEL_FREE_DRAFTERS]
+    if model_free:
+        notes.append(f"{', '.join(model_free)} draft on the CPU between target steps: their speedup takes c = 0 (no "
+                     "draft step on the GPU) and the same verify cost v(K) as every drafter")
+    if any(d.per_k for d in summaries):
+        notes.append(f"{', '.join(d.name for d in summaries if d.per_k)}: the draft at K is not the first K tokens of the "
+                     "draft at Kmax (suffix decoding picks its match by a K-dependent score; the hybrids' threshold is K), so "
+                     "τ_sim(K) and the speedup walk the draft made for each K; α_k, A_k and τ(K) are of the Kmax drafts")
+    return replace(report, drafters=summaries, ranking=rank_drafters(summaries, report.level), notes=tuple(notes))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1334,6 +1594,7 @@ class Reading:
 def read_and_summarize(
     path: str | Path | None = None,
     *,
+    drafter: str | None = None,
     baseline: str | Path | None = None,
     probe: str | Path | None = None,
     draft_cost: float | None = None,
@@ -1346,20 +1607,29 @@ def read_and_summarize(
 ) -> Reading:
     """What `mtp-observe report` computes. The run defaults to the newest under root. An explicit cost
     (--probe, --draft-cost) applies to the baseline too, so differences come from acceptance alone;
-    otherwise each run uses its own roofline. --recorded-with applies to the current run only."""
+    otherwise each run uses its own roofline. --recorded-with applies to the current run only.
+
+    drafter (--drafter): whose rows the slices, the verdict and the baseline comparison are of (default: mtp when
+    the run has it, else its first drafter); every drafter of the run is summarised and ranked beside it."""
     if not 1 <= replicates <= MAX_REPLICATES:
         raise OptionError(f"--replicates {replicates}: expected 1 to {MAX_REPLICATES:,} bootstrap resamples")
     if seed < 0:
         raise OptionError(f"--seed {seed}: expected an integer >= 0")
     if not 0.0 <= min_support <= 1.0:
         raise OptionError(f"--min-support {min_support}: expected a rate between 0 and 1")
-    run = load_run(path if path is not None else newest_run(root))
+    run = load_run(path if path is not None else newest_run(root), drafter)
     options = dict(replicates=replicates, seed=seed, gate=gate, min_support=min_support)
-    report = summarize(run, resolve_cost(run, probe, draft_cost), recorded_with=recorded_with, **options)
+    base_cost = resolve_cost(run, probe, draft_cost)
+    report = summarize(run, drafter_cost(base_cost, run.drafter), recorded_with=recorded_with, **options)
+    report = summarize_drafters(report, run, base_cost, recorded_with=recorded_with, **options)
     comparison = None
     if baseline is not None:
-        base_run = load_run(baseline)
-        base = summarize(base_run, resolve_cost(base_run, probe, draft_cost), **options)
+        base_manifest = read_manifest(Path(baseline))
+        if run.drafter not in run_drafters(base_manifest):
+            raise OptionError(f"--baseline {baseline}: it has no rows of {run.drafter}, the drafter judged here (it has "
+                              f"{', '.join(run_drafters(base_manifest))}); pass --drafter with one both runs have")
+        base_run = load_run(baseline, run.drafter)
+        base = summarize(base_run, drafter_cost(resolve_cost(base_run, probe, draft_cost), run.drafter), **options)
         comparison = compare(report, base)
     return Reading(run=run, report=report, comparison=comparison)
 
@@ -1431,6 +1701,44 @@ def recording_json(rec: RecordingSampler) -> dict:
     }
 
 
+def cost_json(cost: Cost) -> dict:
+    return {"source": cost.source, "c": cost.c, "verify_extra": [float(x) for x in cost.verify_extra], "detail": cost.detail}
+
+
+def drafters_json(report: Report) -> dict:
+    """report JSON `drafters`: every drafter of the run on the same anchors (README, "report JSON")."""
+    def maybe(x):
+        return _num(x) if x is not None else None
+
+    by = {}
+    for d in report.drafters:
+        o, k = d.overall, d.best_k
+        by[d.name] = {
+            "judged": d.judged, "per_k": d.per_k, "cost": cost_json(d.cost),
+            "best": {"k": k, "speedup": _num(o.value.speedup[k - 1]),
+                     "speedup_lo": _num(o.lo.speedup[k - 1]) if o.lo is not None else None,
+                     "speedup_hi": _num(o.hi.speedup[k - 1]) if o.hi is not None else None,
+                     "tau_sim": _num(o.value.tau_sim[k - 1])},
+            "overall": slice_json(o, report.profiles),
+            "slices": {"segment": [slice_json(x, report.profiles) for x in d.segments],
+                       "context": [slice_json(x, report.profiles) for x in d.context]},
+        }
+    best_by_k = []
+    for kk in range(1, report.k + 1):
+        values = [(float(d.overall.value.speedup[kk - 1]), d.name) for d in report.drafters]
+        values = [v for v in values if math.isfinite(v[0])]
+        best_by_k.append(max(values, key=lambda v: v[0])[1] if values else None)
+    return {
+        "judged": report.drafter,
+        "names": [d.name for d in report.drafters],
+        "ranking": [{"drafter": r.drafter, "k": r.k, "speedup": _num(r.speedup), "speedup_lo": maybe(r.lo),
+                     "speedup_hi": maybe(r.hi), "tau_sim": _num(r.tau_sim), "behind": _num(r.behind),
+                     "behind_lo": maybe(r.behind_lo), "behind_hi": maybe(r.behind_hi)} for r in report.ranking],
+        "best_by_k": best_by_k,
+        "by_drafter": by,
+    }
+
+
 def report_json(report: Report, comparison: Comparison | None = None) -> dict:
     m = report.manifest
     model = m.get("model") or {}
@@ -1448,7 +1756,7 @@ def report_json(report: Report, comparison: Comparison | None = None) -> dict:
             "path": str(report.path), "status": m.get("status"), "schema_version": m.get("schema_version"),
             "created": m.get("created"), "model": model.get("path"), "dtype": m.get("dtype"), "device": m.get("device"),
             "k": report.k, "profiles": list(report.profiles), "sessions": len(report.sessions), "anchors": o.anchors,
-            "rows": report.rows,
+            "rows": report.rows, "drafter": report.drafter, "target_ran": m.get("target_ran", True) is not False,
         },
         "cost": {"source": report.cost.source, "c": report.cost.c,
                  "verify_extra": [float(x) for x in report.cost.verify_extra], "detail": report.cost.detail},
@@ -1480,6 +1788,7 @@ def report_json(report: Report, comparison: Comparison | None = None) -> dict:
              "agree": c.agrees, "first_difference": c.first_difference}
             for c in report.speculative
         ],
+        "drafters": drafters_json(report),
         "baseline": None if comparison is None else {
             "path": str(comparison.baseline_path), "k": comparison.k, "profiles": list(comparison.profiles),
             "sessions": {"shared": comparison.shared, "only_current": comparison.only_current,

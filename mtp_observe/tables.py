@@ -4,7 +4,7 @@ Contract (PRODUCT.md): a run directory holds
 
     run.json            the manifest (keys below)
     requests.parquet    one row per replayed request
-    positions.parquet   one row per (anchor, depth)
+    positions.parquet   one row per (anchor, depth) — per drafter and draft length in a run of several drafters
     .mtp-observe.lock   while a replay writes it: the lock file (below); removed when the replay ends
 
 Both Parquet paths are datasets: a single file or a directory of part files. This tool
@@ -13,7 +13,7 @@ writes directories of parts, one part per session and table, named
 written under a dot-prefixed temporary name and renamed, so a killed run never leaves a
 half-written part that a reader would pick up (pyarrow.dataset, pandas, polars and duckdb
 skip dot-prefixed files). Rows are grouped by session in input order and, within a
-session, sorted by (request, pos, depth).
+session, sorted by (request, pos, depth) — by (drafter, draft_k, request, pos, depth) with drafters.
 
 This module imports no torch: the report reads through it.
 
@@ -21,6 +21,41 @@ Schema history: version 2 added the recording-sampler sums (requests.parquet `fi
 each session was scored with (`recorded_sampling`), the profiles' penalties and min-p, the
 `recorded` and `greedy` profiles, and run.json's `recorded_with`, `model.generation_config`,
 `model.max_position_embeddings`, `model.rope_scaling`; the report reads version 1 and says what it lacks.
+Within version 2 (keys only added): every drafter on the same anchors — run.json `drafters` and `target_ran`,
+positions.parquet `drafter` and `draft_k` (below). A run without them is an mtp-only run (`drafters` absent:
+{"mtp"}, `target_ran` absent: true), so older version-2 and version-1 runs read as before.
+
+Drafters (`replay --drafters mtp,ngram,suffix,hybrid,hybrid_longer`; drafters/roster.py):
+    positions.parquet, when the run has any drafter besides mtp (an mtp-only run is written without them):
+    drafter             dictionary<int8, string>: mtp | ngram | suffix | hybrid | hybrid_longer, one block of
+                        rows per drafter, each with the same anchors and the definitions of ACCEPTANCE.md
+                        (match, accepted, the target's columns where the target ran)
+    draft_k             int8: the draft length K' the row's draft was made for (vLLM's num_speculative_tokens).
+                        mtp and ngram: Kmax only (their draft at K is the first K tokens of the one at Kmax).
+                        suffix, hybrid, hybrid_longer: K' = 1..Kmax, rows at depths 1..min(K', e - p) of the draft
+                        made for K' — suffix decoding picks its match by a score that depends on K (and the
+                        hybrids' threshold is K), so the draft at K' is not the Kmax draft cut at K'; the report's
+                        τ_sim(K) walks the draft_k = K rows, its α_k / A_k / τ(K) read the draft_k = Kmax rows
+    draft_token         -1 where the drafter proposes nothing at that depth (a proposal is a chain that stops):
+                        match and accepted false, target_logprob NaN, every p_accept_<profile> 0
+    draft_logprob       the head's log-prob where the head's draft is the row's (mtp; a hybrid that took it),
+                        NaN for a model-free draft (ngram, suffix; a hybrid that took suffix's)
+    target columns      target_token, target_logprob, actual_logprob and p_accept_<profile> are absent when no
+                        target ran: a replay whose drafters are all model-free (ngram, suffix) loads no weights
+run.json:
+    drafters            {name: parameters, "draft_k": [K' its rows are written for]}, --drafters order: ngram
+                        {"prompt_lookup_min", "prompt_lookup_max", "max_model_len"}; suffix {"max_tree_depth",
+                        "max_cached_requests", "max_spec_factor", "max_spec_offset", "min_token_prob",
+                        "max_model_len"}; hybrid {"policy", "suffix": {..., "max_spec_tokens"}}; hybrid_longer
+                        {"policy", "suffix"}; mtp {}. Part of the run's identity (--resume needs the same)
+    target_ran          false for a model-free replay: then sampling is {}, dtype null, device "cpu",
+                        model.head_tensors / weights_fingerprint / numerics / roofline / roofline_by_precision
+                        null (no weights were read), requests.parquet `fit` holds only "tokens" per span and
+                        `recorded_sampling` is null
+    timing.drafting     {part: {"seconds", "anchors"}}: CPU time the model-free drafters spent proposing in this
+                        run (parts: ngram, suffix, suffix_hybrid — the hybrid's deeper suffix tree) and the anchors
+                        they proposed at (a resumed run counts what it drafted itself)
+    counts.anchors      anchors per drafter (every drafter drafts at the same ones); counts.rows: every drafter's
 
 run.json keys:
     schema_version      2 (version-1 runs are read too; they lack the keys marked "v2": among them
@@ -159,9 +194,22 @@ def requests_schema(profiles: list[str]) -> pa.Schema:
                                               ("speculative", SPECULATIVE)])
 
 
-def positions_schema(profiles: list[str]) -> pa.Schema:
-    """positions.parquet's columns: the fixed ones, then one float32 p_accept_<profile> per sampling profile."""
-    return pa.schema(_POSITION_FIELDS + [(f"p_accept_{p}", pa.float32()) for p in profiles])
+TARGET_COLUMNS = ("target_token", "target_logprob", "actual_logprob")  # (and p_accept_*) absent without a target
+DRAFTER_FIELDS = [("drafter", pa.dictionary(pa.int8(), pa.string())), ("draft_k", pa.int8())]
+
+
+def positions_schema(profiles: list[str], drafters: bool = False, target: bool = True) -> pa.Schema:
+    """positions.parquet's columns: the fixed ones, then one float32 p_accept_<profile> per sampling profile.
+    drafters: with the `drafter` and `draft_k` columns (a run of other drafters than mtp alone); target False:
+    without the target's columns (a model-free replay ran no target)."""
+    fields = list(_POSITION_FIELDS)
+    if drafters:
+        at = [name for name, _ in fields].index("depth") + 1
+        fields = fields[:at] + DRAFTER_FIELDS + fields[at:]
+    if not target:
+        fields = [f for f in fields if f[0] not in TARGET_COLUMNS]
+        profiles = []
+    return pa.schema(fields + [(f"p_accept_{p}", pa.float32()) for p in profiles])
 
 
 def part_name(session_index: int, rank: int | None = None) -> str:
@@ -236,7 +284,7 @@ def requests_table(session_id: str, requests, fits: list[dict] | None = None, pr
     schema = requests_schema(profiles)
     names = [f.name for f in fit_type(profiles)]
     data["fit"] = [[{name: _plain(fit[name][i]) for name in names} for i in range(len(r.spans))] for r, fit in zip(requests, fits)]
-    data["recorded_sampling"] = [recorded] * len(requests)
+    data["recorded_sampling"] = [recorded] * len(requests)  # None in a model-free run (no target, no sampler)
     data["speculative"] = list(speculative) if speculative is not None else [None] * len(requests)
     return pa.table(data, schema=schema)
 
@@ -246,22 +294,33 @@ def _plain(x):
     return x.item() if hasattr(x, "item") else x
 
 
-def positions_table(session_id: str, per_request: list[tuple[int, dict]], profiles: list[str]) -> pa.Table:
-    """per_request: [(request index, columns from acceptance.request_rows)] -> one table, schema-exact."""
+def positions_table(session_id: str, per_request: list[tuple[int, dict]], profiles: list[str],
+                    drafters: list[str] | None = None, target: bool = True) -> pa.Table:
+    """per_request: [(request index, columns from acceptance.request_rows)] -> one table, schema-exact.
+
+    drafters: the run's drafter names (the columns then carry `drafter`, an index into them, and `draft_k`);
+    rows are then ordered by (drafter, draft_k, request, pos, depth). target False: no target columns."""
     import numpy as np
 
-    schema = positions_schema(profiles)
+    schema = positions_schema(profiles, drafters=drafters is not None, target=target)
     if not per_request:
         return schema.empty_table()
     cols = {name: np.concatenate([c[name] for _, c in per_request]) for name in per_request[0][1]}
     n = len(cols["pos"])
     request = np.concatenate([np.full(len(c["pos"]), r, dtype=np.int32) for r, c in per_request])
+    if drafters is not None:
+        order = np.lexsort((cols["depth"], cols["pos"], request, cols["draft_k"], cols["drafter"]))
+        cols = {name: values[order] for name, values in cols.items()}
+        request = request[order]
     segment = pa.DictionaryArray.from_arrays(pa.array(cols["segment"], pa.int8()), pa.array(SEGMENTS, pa.string()))
     arrays = {
         "session_id": pa.array([session_id] * n, pa.string()),
         "request": pa.array(request, pa.int32()),
         "segment": segment,
     }
+    if drafters is not None:
+        arrays["drafter"] = pa.DictionaryArray.from_arrays(pa.array(cols["drafter"], pa.int8()),
+                                                           pa.array(list(drafters), pa.string()))
     for field in schema:
         if field.name not in arrays:
             arrays[field.name] = pa.array(cols[field.name], field.type)
@@ -532,12 +591,15 @@ def remove_part(run_dir: Path, name: str) -> None:
         _unlink_quietly(Path(run_dir) / table / name)
 
 
-def finished_part(run_dir: Path, name: str, k: int, session_id: str) -> tuple[dict | None, str | None]:
+def finished_part(run_dir: Path, name: str, k: int, session_id: str, draft_ks: list[int] | None = None
+                  ) -> tuple[dict | None, str | None]:
     """(counts, None) for a finished session whose parts read back whole, or (None, what is wrong with them).
 
     Whole means: both parts are Parquet files with their footer (a file cut short has none), of this
     session, and positions holds exactly the rows its requests' spans imply — min(k, e - p) depths at
-    every anchor p = max(s, 1)..e-1 of every span [s, e]."""
+    every anchor p = max(s, 1)..e-1 of every span [s, e], once for every draft length K' of every drafter
+    (draft_ks: all of them, e.g. [4, 1, 2, 3, 4] for mtp and suffix; None: [k], an mtp-only run)."""
+    draft_ks = draft_ks or [k]
     import pyarrow as pa
 
     try:
@@ -549,7 +611,7 @@ def finished_part(run_dir: Path, name: str, k: int, session_id: str) -> tuple[di
     if ids != {session_id}:
         return None, f"holds session(s) {sorted(map(str, ids))[:3]}, not {session_id}"
     spans = [sp for r in req.column("spans").to_pylist() for sp in r]
-    expected = sum(min(k, sp["end"] - p) for sp in spans for p in range(max(sp["start"], 1), sp["end"]))
+    expected = sum(min(kk, sp["end"] - p) for kk in draft_ks for sp in spans for p in range(max(sp["start"], 1), sp["end"]))
     if req.num_rows == 0 or pos.num_rows != expected:
         return None, f"holds {pos.num_rows} rows where its spans imply {expected}"
     depth = pos.column("depth").to_numpy()
@@ -558,7 +620,21 @@ def finished_part(run_dir: Path, name: str, k: int, session_id: str) -> tuple[di
         "requests": req.num_rows,
         "tokens_replayed": sum(tokens),
         "scored_tokens": sum(sp["end"] - sp["start"] + 1 for sp in spans),
-        "anchors": int((depth == 1).sum()),
+        "anchors": int((depth == 1).sum()) // len(draft_ks),
         "rows": pos.num_rows,
         "max_request_tokens": max(tokens, default=0),
     }, None
+
+
+def part_requests(run_dir: Path, name: str) -> list[tuple]:
+    """[(input_ids [n] int32, spans [S, 2] int64)] of a finished session's requests, in order (what a
+    resumed run feeds suffix decoding's global tree for the sessions it keeps)."""
+    import numpy as np
+
+    table = pq.read_table(Path(run_dir) / REQUESTS / name, columns=["request", "input_ids", "spans"])
+    out = []
+    for r in np.argsort(table.column("request").to_numpy(), kind="stable"):
+        ids = np.asarray(table.column("input_ids")[int(r)].as_py(), dtype=np.int32)
+        spans = np.array([(sp["start"], sp["end"]) for sp in table.column("spans")[int(r)].as_py()], dtype=np.int64)
+        out.append((ids, spans.reshape(-1, 2)))
+    return out

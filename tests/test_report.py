@@ -504,7 +504,7 @@ def test_conflicting_or_missing_draft_costs_are_one_line(hand_run, runs, tmp_pat
 
 
 REPORT_KEYS = {"report_version", "run", "cost", "bootstrap", "k", "overall", "best", "on_policy", "recorded_with", "verdict",
-               "slices", "notes", "baseline", "speculative_check"}
+               "slices", "notes", "baseline", "speculative_check", "drafters"}
 RATES_KEYS = {"alpha", "accept_rate", "tau", "tau_sim", "tau_profile", "speedup", "speedup_profile", "on_policy", "support",
               "calibration", "fit_z", "log_likelihood", "mean_acceptance_length", "draft_acceptance_rate", "per_position_acceptance"}
 RECORDED_KEYS = {"name", "label", "declared", "fits", "support", "calibration", "z", "tokens", "own_sessions", "reason",
