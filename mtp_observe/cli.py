@@ -648,6 +648,8 @@ def export(
     engine: Annotated[str, typer.Option(help="vllm, sglang, trtllm, speculation-profile or aiconfigurator.")] = "vllm",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write here (default: standard output).")] = None,
     k: Annotated[Optional[int], typer.Option("--k", help="Draft length to export (default: the report's best K).")] = None,
+    drafter: Annotated[Optional[str], typer.Option("--drafter", help="The drafter to export (default: mtp when the run "
+                                                   "has it, else its first).")] = None,
     probe: Annotated[Optional[Path], typer.Option(help="probe.json: measured c and v(K) (they choose the best K).")] = None,
     draft_cost: Annotated[Optional[float], typer.Option(help="c = draft step / target decode step (default: roofline).")] = None,
     replicates: Annotated[int, typer.Option(help="Bootstrap resamples of sessions (the intervals written beside the values).")] = 1000,
@@ -662,7 +664,8 @@ def export(
     if engine not in ENGINES:
         raise OptionError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
     check_writable(output, "--output")
-    reading = read_and_summarize(run, probe=probe, draft_cost=draft_cost, replicates=replicates, seed=seed)
+    reading = read_and_summarize(run, drafter=drafter, probe=probe, draft_cost=draft_cost, replicates=replicates,
+                                 seed=seed)
     text = render(reading, engine, k)
     if output is None:
         sys.stdout.write(text)
@@ -678,6 +681,8 @@ def compare(
     run: Annotated[Optional[Path], typer.Argument(metavar="RUN", help="Run directory (default: the newest under reports/).")] = None,
     k: Annotated[Optional[int], typer.Option("--k", help="The engine's draft length where its file does not say "
                                              "(SGLang logs; default: the report's best K).")] = None,
+    drafter: Annotated[Optional[str], typer.Option("--drafter", help="The drafter the engine ran (default: mtp when the "
+                                                   "run has it, else its first).")] = None,
     probe: Annotated[Optional[Path], typer.Option(help="probe.json: measured c and v(K) (they choose the best K).")] = None,
     draft_cost: Annotated[Optional[float], typer.Option(help="c = draft step / target decode step (default: roofline).")] = None,
     replicates: Annotated[int, typer.Option(help="Bootstrap resamples of sessions.")] = 1000,
@@ -693,7 +698,8 @@ def compare(
     except OSError as e:
         raise EngineMetricsError(f"--engine-metrics {engine_metrics}: cannot read ({e.strerror or e})") from None
     measured = read_engine_metrics(text, str(engine_metrics))
-    reading = read_and_summarize(run, probe=probe, draft_cost=draft_cost, replicates=replicates, seed=seed)
+    reading = read_and_summarize(run, drafter=drafter, probe=probe, draft_cost=draft_cost, replicates=replicates,
+                                 seed=seed)
     result = check(reading.report, measured, k)
     t = Table(title=literal(f"engine ({measured.detail}) against run {reading.report.path} at K={result.k}"))
     for c in ("number", "engine", "run", f"run {result.level:.0%} interval", "agrees"):

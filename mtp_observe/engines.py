@@ -172,17 +172,39 @@ def engine_numbers(report: Report, k: int | None = None) -> EngineNumbers:
 # 2. Serve flags
 
 
-def vllm_speculative_config(k: int) -> dict:
-    """vLLM's --speculative-config for MTP at draft length K (static)."""
-    return {"method": "mtp", "num_speculative_tokens": k}
+# vLLM's suffix-decoding keys and the run.json drafters.suffix parameter each one is (tables.py)
+_VLLM_SUFFIX_KEYS = (("suffix_decoding_max_tree_depth", "max_tree_depth"),
+                     ("suffix_decoding_max_cached_requests", "max_cached_requests"),
+                     ("suffix_decoding_max_spec_factor", "max_spec_factor"),
+                     ("suffix_decoding_min_token_prob", "min_token_prob"))
 
 
-def vllm_synthetic_config(n: EngineNumbers) -> dict:
+def vllm_speculative_config(k: int, drafter: str = "mtp", params: dict | None = None) -> dict | None:
+    """vLLM's --speculative-config for the run's drafter at draft length K (static); None for a drafter vLLM does
+    not serve (the hybrids). ngram and suffix carry the run's own parameters (run.json drafters)."""
+    params = params or {}
+    if drafter == "mtp":
+        return {"method": "mtp", "num_speculative_tokens": k}
+    if drafter == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": params["prompt_lookup_min"],
+                "prompt_lookup_max": params["prompt_lookup_max"]}
+    if drafter == "suffix":
+        return {"method": "suffix", "num_speculative_tokens": k,
+                **{key: params[name] for key, name in _VLLM_SUFFIX_KEYS if name in params}}
+    return None
+
+
+def report_speculative_config(report: Report, k: int) -> dict | None:
+    drafter = report.drafter
+    return vllm_speculative_config(k, drafter, (report.manifest.get("drafters") or {}).get(drafter))
+
+
+def vllm_synthetic_config(config: dict, n: EngineNumbers) -> dict:
     """vLLM's synthetic rejection sampler fed the run's per-step marginal rates: its per_pos / num_drafts then
     reproduce the run's, and 1 + Σ rates its mean acceptance length."""
     rates = [round(float(x), DIGITS) for x in n.per_position]
     assert all(0.0 <= r <= 1.0 for r in rates) and all(b <= a for a, b in zip(rates, rates[1:])), rates
-    return {**vllm_speculative_config(n.k), "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": rates}
+    return {**config, "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": rates}
 
 
 def sglang_args(k: int) -> list[str]:
@@ -196,18 +218,24 @@ def _json(obj) -> str:
 
 
 def serve_lines(report: Report) -> list[str]:
-    """What the verdict stands for, in the engines' flags, and the numbers their metrics will show."""
+    """What the verdict stands for, in the engines' flags (the judged drafter's), at the best K."""
     k = report.best_k
     status = report.verdict.status
-    vllm = f"vllm serve MODEL --speculative-config '{_json(vllm_speculative_config(k))}'"
-    sglang = "python -m sglang.launch_server --model-path MODEL " + " ".join(sglang_args(k))
+    drafter = report.drafter
+    config = report_speculative_config(report, k)
+    what = "MTP" if drafter == "mtp" else f"the {drafter} drafter"
     if status == "GO":
-        lead = f"GO serves MTP at K={k}:"
+        lead = f"GO serves {what} at K={k}:"
     elif status == "NO-GO":
-        lead = f"NO-GO: serve without speculative decoding; at the best K={k} it would be:"
+        lead = f"NO-GO: serve without speculative decoding; {what} at the best K={k} would be:"
     else:
-        lead = f"UNRELIABLE: no configuration yet; at the best K={k} it would be:"
-    return [f"{lead} {vllm}", f"  SGLang: {sglang}"]
+        lead = f"UNRELIABLE: no configuration yet; {what} at the best K={k} would be:"
+    if config is None:
+        return [f"{lead} no engine flag (vLLM and SGLang serve no {drafter} drafter)"]
+    lines = [f"{lead} vllm serve MODEL --speculative-config '{_json(config)}'"]
+    if drafter == "mtp":
+        lines.append("  SGLang: python -m sglang.launch_server --model-path MODEL " + " ".join(sglang_args(k)))
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,11 +279,23 @@ def _expected(n: EngineNumbers) -> dict:
     }
 
 
+def _expected_for(report: Report, n: EngineNumbers) -> dict:
+    out = _expected(n)
+    if report.drafter != "mtp":
+        out["note"] = (f"counted over every step; vLLM's counters count only the steps where the {report.drafter} "
+                       "drafter proposed tokens (a step with no proposal is no draft), so its numbers read higher")
+    return out
+
+
 def export_vllm(reading: Reading, n: EngineNumbers) -> str:
+    config = report_speculative_config(reading.report, n.k)
+    if config is None:
+        raise OptionError(f"--engine vllm: vLLM serves no {reading.report.drafter} drafter; export this run for "
+                          "another engine, or judge another drafter (report --drafter)")
     doc = {
-        "speculative_config": vllm_speculative_config(n.k),
-        "synthetic_speculative_config": vllm_synthetic_config(n),
-        "expected_metrics": _expected(n),
+        "speculative_config": config,
+        "synthetic_speculative_config": vllm_synthetic_config(config, n),
+        "expected_metrics": _expected_for(reading.report, n),
         "mtp_observe": _provenance(reading, n),
     }
     return json.dumps(doc, indent=2) + "\n"
@@ -270,8 +310,10 @@ def _env_header(reading: Reading, n: EngineNumbers, engine: str) -> list[str]:
 
 
 def export_sglang(reading: Reading, n: EngineNumbers) -> str:
+    serve = ("# serve: python -m sglang.launch_server --model-path MODEL " + " ".join(sglang_args(n.k))
+             if reading.report.drafter == "mtp" else f"# drafter: {reading.report.drafter} (no SGLang flags mapped here)")
     lines = _env_header(reading, n, "sglang") + [
-        "# serve: python -m sglang.launch_server --model-path MODEL " + " ".join(sglang_args(n.k)),
+        serve,
         "# simulate the measured acceptance (environment, sglang/srt/environ.py): one length per batch step, "
         "a mean only",
         f"SGLANG_SIMULATE_ACC_LEN={n.mean_acceptance_length:.{DIGITS}f}",
@@ -283,7 +325,8 @@ def export_sglang(reading: Reading, n: EngineNumbers) -> str:
 def export_trtllm(reading: Reading, n: EngineNumbers) -> str:
     accepted = n.mean_acceptance_length - 1.0  # accepted drafts per step: the engine adds the target's token
     lines = _env_header(reading, n, "trtllm") + [
-        f"# draft length: speculative_config: {{decoding_type: MTP, num_nextn_predict_layers: {n.k}}}",
+        (f"# draft length: speculative_config: {{decoding_type: MTP, num_nextn_predict_layers: {n.k}}}"
+         if reading.report.drafter == "mtp" else f"# drafter: {reading.report.drafter}; draft length {n.k}"),
         "# accepted draft tokens per step = mean acceptance length - 1 (the engine adds the target token); the MTP "
         "one-model path reads the fraction, the two-model path needs an integer "
         f"({max(1, round(accepted))}); 0 turns forcing off",
@@ -367,11 +410,14 @@ def speculation_profile(reading: Reading, n: EngineNumbers) -> dict:
             by_k[str(K)] = _r(x)
     model = _checkpoint_id((report.manifest.get("model") or {}).get("path"))
     rec = report.recording
+    drafter = report.drafter
+    params = {key: v for key, v in ((report.manifest.get("drafters") or {}).get(drafter) or {}).items() if key != "draft_k"}
     return {
         "schema_version": SPECULATION_PROFILE_VERSION,
         "measured": True,
-        "method": "mtp",
-        "draft_checkpoint": {"id": model, "draft": "the checkpoint's own MTP head"},
+        "method": drafter,
+        "draft_checkpoint": {"id": model, "draft": "the checkpoint's own MTP head"} if drafter == "mtp" else
+        {"id": None, "draft": f"model-free {drafter} drafter", "parameters": params},
         "target_model": {"id": model},
         "num_speculative_tokens": n.k,
         "block_size": None,
@@ -381,7 +427,8 @@ def speculation_profile(reading: Reading, n: EngineNumbers) -> dict:
         "marginal_accept_rates": marginal,
         "mean_accept_length": _r(mean),
         "mean_accept_length_per_request": _r(mean_per_turn(run, n.k)),
-        "accept_length_model": "chain_analytic",  # an MTP chain at K is a prefix of the chain at K + 1
+        # an MTP or n-gram chain at K is a prefix of the chain at K + 1; suffix and the hybrids re-plan per K
+        "accept_length_model": "chain_analytic" if drafter in ("mtp", "ngram") else "measured_per_k",
         "accept_length_by_k": by_k,  # the simulated decode at every K the run replayed
         "acceptance_length_histogram": {str(j + 1): c for j, c in enumerate(n.histogram) if c > 0},
         "per_category": segment_acceptance_lengths(run, n.k),
@@ -653,6 +700,9 @@ def check(report: Report, measured: EngineMeasurement, k: int | None = None) -> 
             raise EngineMetricsError(f"the engine drafted K={measured.k}; the run replayed up to K={report.k}: replay "
                                      f"with --k {measured.k}")
         k = measured.k
+    if report.drafter != "mtp":
+        raise OptionError(f"compare --drafter {report.drafter}: an engine counts only the steps where a model-free "
+                          "drafter proposed tokens, which the run does not count per step; compare checks an MTP run")
     n = engine_numbers(report, k)
     if n.per_position_lo is None or n.mean_acceptance_length_lo is None:
         note = report.resampling.note if report.resampling is not None else None

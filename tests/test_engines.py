@@ -319,3 +319,34 @@ def test_compare_refuses_an_engine_k_past_the_runs_and_a_missing_file_in_one_lin
     assert r.returncode == 2 and "K=6" in r.stderr and f"up to K={n.k}" in r.stderr and len(r.stderr.splitlines()) == 1
     missing = cli("compare", str(big_run), "--engine-metrics", str(tmp_path / "nope.txt"))
     assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+def test_a_model_free_drafter_gets_its_own_vllm_config_a_hybrid_none_and_compare_refuses_them(reading):
+    # vllm/config/speculative.py: method "ngram" with prompt_lookup_min / prompt_lookup_max; method "suffix" with
+    # suffix_decoding_max_tree_depth / _max_cached_requests / _max_spec_factor / _min_token_prob.
+    from dataclasses import replace
+
+    from mtp_observe.engines import serve_lines
+    from mtp_observe.errors import OptionError
+
+    report = reading.report
+    k = report.best_k
+    drafters = {"ngram": {"prompt_lookup_min": 3, "prompt_lookup_max": 5, "max_model_len": None, "draft_k": [4]},
+                "suffix": {"max_tree_depth": 24, "max_cached_requests": 10000, "max_spec_factor": 1.0,
+                           "max_spec_offset": 0.0, "min_token_prob": 0.1, "max_model_len": None, "draft_k": [1, 2, 3, 4]},
+                "hybrid": {"policy": "arctic"}}
+    manifest = {**report.manifest, "drafters": drafters}
+
+    def lines(name):
+        return serve_lines(replace(report, drafter=name, manifest=manifest))
+
+    ngram = lines("ngram")
+    assert (f"""'{{"method": "ngram", "num_speculative_tokens": {k}, "prompt_lookup_min": 3, "prompt_lookup_max": 5}}'"""
+            in ngram[0]) and len(ngram) == 1  # no SGLang line: its n-gram keys are not mapped
+    assert (f"""'{{"method": "suffix", "num_speculative_tokens": {k}, "suffix_decoding_max_tree_depth": 24, """
+            """"suffix_decoding_max_cached_requests": 10000, "suffix_decoding_max_spec_factor": 1.0, """
+            """"suffix_decoding_min_token_prob": 0.1}'""") in lines("suffix")[0]
+    assert "no engine flag" in lines("hybrid")[0]
+    mtp_only = read_engine_metrics(prometheus(engine_numbers(report)), "m.txt")
+    with pytest.raises(OptionError, match="compare checks an MTP run"):
+        check(replace(report, drafter="ngram", manifest=manifest), mtp_only)
