@@ -199,6 +199,16 @@ def report_speculative_config(report: Report, k: int) -> dict | None:
     return vllm_speculative_config(k, drafter, (report.manifest.get("drafters") or {}).get(drafter))
 
 
+def dynamic_config(report: Report) -> dict | None:
+    """vLLM's dynamic speculative decoding config from the report's schedule over batch sizes (report.batch,
+    cost.schedule: `num_speculative_tokens_per_batch_size`, K capped at `num_speculative_tokens`), when the
+    schedule changes K across batch sizes (one range is the static config) and the drafter is MTP."""
+    b = report.batch
+    if b is None or report.drafter != "mtp" or len(b.schedule) < 2:
+        return None
+    return b.speculative_config
+
+
 def vllm_synthetic_config(config: dict, n: EngineNumbers) -> dict:
     """vLLM's synthetic rejection sampler fed the run's per-step marginal rates: its per_pos / num_drafts then
     reproduce the run's, and 1 + Σ rates its mean acceptance length."""
@@ -232,7 +242,10 @@ def serve_lines(report: Report) -> list[str]:
         lead = f"UNRELIABLE: no configuration yet; {what} at the best K={k} would be:"
     if config is None:
         return [f"{lead} no engine flag (vLLM and SGLang serve no {drafter} drafter)"]
+    dynamic = dynamic_config(report)
     lines = [f"{lead} vllm serve MODEL --speculative-config '{_json(config)}'"]
+    if dynamic is not None:
+        lines.append(f"  vLLM by batch size (dynamic speculative decoding): --speculative-config '{_json(dynamic)}'")
     if drafter == "mtp":
         lines.append("  SGLang: python -m sglang.launch_server --model-path MODEL " + " ".join(sglang_args(k)))
     return lines
@@ -292,12 +305,18 @@ def export_vllm(reading: Reading, n: EngineNumbers) -> str:
     if config is None:
         raise OptionError(f"--engine vllm: vLLM serves no {reading.report.drafter} drafter; export this run for "
                           "another engine, or judge another drafter (report --drafter)")
+    dynamic = dynamic_config(reading.report)
     doc = {
         "speculative_config": config,
         "synthetic_speculative_config": vllm_synthetic_config(config, n),
         "expected_metrics": _expected_for(reading.report, n),
         "mtp_observe": _provenance(reading, n),
     }
+    if dynamic is not None:
+        # the schedule over batch sizes; with synthetic acceptance its rates must be num_speculative_tokens long
+        doc["dynamic_speculative_config"] = dynamic
+        if dynamic["num_speculative_tokens"] == n.k:
+            doc["dynamic_synthetic_speculative_config"] = vllm_synthetic_config(dynamic, n)
     return json.dumps(doc, indent=2) + "\n"
 
 
@@ -454,6 +473,9 @@ def export(reading: Reading, engine: str, k: int | None = None) -> str:
     for sglang and trtllm, YAML for aiconfigurator)."""
     if engine not in ENGINES:
         raise OptionError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
+    dynamic = dynamic_config(reading.report)
+    if engine == "vllm" and k is None and dynamic is not None:
+        k = dynamic["num_speculative_tokens"]  # the schedule's largest K: the synthetic rates' length
     n = engine_numbers(reading.report, k)
     if engine == "speculation-profile":
         return json.dumps(speculation_profile(reading, n), indent=2) + "\n"

@@ -48,6 +48,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .cost import best_k, speedup  # noqa: F401  (re-exported: the report's names for them)
+
 
 @dataclass(frozen=True)
 class Counts:
@@ -125,13 +127,7 @@ def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
-def speedup(tau: np.ndarray, c: float, verify_extra: np.ndarray) -> np.ndarray:
-    """speedup(K) = τ(K) / (1 + K c + v(K)) for a τ per K (τ_sim, or an estimate); tau [..., K], verify_extra [K].
-
-    Worked example: τ_sim(2) = 2.2, c = 0.1, v(2) = 0 -> 2.2 / 1.2 = 1.833.
-    """
-    k = np.arange(1, tau.shape[-1] + 1, dtype=np.float64)
-    return tau / (1.0 + k * c + np.asarray(verify_extra, dtype=np.float64))
+# speedup(K) = τ(K) / (1 + K c + v(K)): the formula lives in cost.py (the one place it is computed, at any batch size).
 
 
 def rates(counts: Counts, c: float, verify_extra: np.ndarray) -> Rates:
@@ -223,8 +219,9 @@ def best_fit(names, log_likelihood, fitting) -> str | None:
     return best[0] if best else None
 
 
-def best_k(speedups: np.ndarray) -> int:
-    """The K (1-based) with the largest speedup; the smallest such K on ties. speedups: [K]."""
+def top_k(speedups: np.ndarray) -> int:
+    """The K (1-based) with the largest speedup, the smallest such K on ties (1 when all are NaN): where the
+    report reads its slices. best_k (cost.py) is the same K, or 0 when it does not beat 1. speedups: [K]."""
     if np.all(np.isnan(speedups)):
         return 1
     return int(np.nanargmax(speedups)) + 1

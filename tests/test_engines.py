@@ -350,3 +350,28 @@ def test_a_model_free_drafter_gets_its_own_vllm_config_a_hybrid_none_and_compare
     mtp_only = read_engine_metrics(prometheus(engine_numbers(report)), "m.txt")
     with pytest.raises(OptionError, match="compare checks an MTP run"):
         check(replace(report, drafter="ngram", manifest=manifest), mtp_only)
+
+
+def test_a_schedule_over_batch_sizes_becomes_vllms_dynamic_config_in_the_report_and_the_export(reading):
+    # vllm/config/speculative.py num_speculative_tokens_per_batch_size: inclusive (start, end, K) ranges from 1,
+    # sorted, K capped at num_speculative_tokens; with synthetic acceptance the rates are num_speculative_tokens long.
+    from dataclasses import replace
+
+    from mtp_observe.engines import serve_lines
+    from mtp_observe.report import Reading
+
+    report = reading.report
+    assert report.batch is not None and len(report.batch.schedule) == 1  # one batch size: the static config only
+    assert not any("dynamic" in line for line in serve_lines(report))
+    assert "dynamic_speculative_config" not in json.loads(export(reading, "vllm"))
+    schedule = ((1, 15, 3), (16, 128, 1))
+    scheduled = replace(report, batch=replace(report.batch, schedule=schedule))
+    dynamic = {"method": "mtp", "num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 15, 3], [16, 128, 1]]}
+    assert any(f"--speculative-config '{json.dumps(dynamic)}'" in line for line in serve_lines(scheduled))
+    doc = json.loads(export(Reading(run=reading.run, report=scheduled, comparison=None), "vllm"))
+    assert doc["dynamic_speculative_config"] == dynamic
+    synthetic = doc["dynamic_synthetic_speculative_config"]
+    assert synthetic["num_speculative_tokens_per_batch_size"] == dynamic["num_speculative_tokens_per_batch_size"]
+    n = engine_numbers(report, 3)  # the schedule's largest K, whatever the best K
+    assert synthetic["synthetic_acceptance_rates"] == [round(float(x), 6) for x in n.per_position]
+    assert doc["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 3}

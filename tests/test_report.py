@@ -490,7 +490,7 @@ def test_conflicting_or_missing_draft_costs_are_one_line(hand_run, runs, tmp_pat
     with pytest.raises(OptionError, match="no such file"):
         resolve_cost(run, probe=tmp_path / "missing.json")
     with pytest.raises(OptionError, match="newer"):
-        resolve_cost(run, probe=_probe_file(tmp_path / "v2.json", probe_version=2))
+        resolve_cost(run, probe=_probe_file(tmp_path / "v3.json", probe_version=3))
     with pytest.raises(OptionError, match="finite number"):
         resolve_cost(run, draft_cost=float("nan"))
     bare = write_run(runs / "no-roofline", hand_run_sessions(), k=2, draft_cost=None)
@@ -504,7 +504,11 @@ def test_conflicting_or_missing_draft_costs_are_one_line(hand_run, runs, tmp_pat
 
 
 REPORT_KEYS = {"report_version", "run", "cost", "bootstrap", "k", "overall", "best", "on_policy", "recorded_with", "verdict",
-               "slices", "notes", "baseline", "speculative_check", "drafters"}
+               "slices", "notes", "baseline", "speculative_check", "drafters", "batch"}
+BATCH_KEYS = {"source", "detail", "unit", "batch_sizes", "context", "k", "speedup", "speedup_lo", "speedup_hi", "best_k",
+              "break_even_tau", "draft_cost", "verify_extra", "target_step", "draft_step", "bound", "flags", "notes",
+              "experts", "gated", "binding", "num_speculative_tokens_per_batch_size", "speculative_config"}
+COST_KEYS = {"source", "c", "verify_extra", "detail", "batch", "gated_c", "gated_verify_extra"}
 RATES_KEYS = {"alpha", "accept_rate", "tau", "tau_sim", "tau_profile", "speedup", "speedup_profile", "on_policy", "support",
               "calibration", "fit_z", "log_likelihood", "mean_acceptance_length", "draft_acceptance_rate", "per_position_acceptance"}
 RECORDED_KEYS = {"name", "label", "declared", "fits", "support", "calibration", "z", "tokens", "own_sessions", "reason",
@@ -523,10 +527,11 @@ def test_the_json_has_stable_documented_keys(hand_run):
     assert set(data["slices"]) == {"segment", "context", "turn", "session"}
     assert [s["name"] for s in data["slices"]["context"]] == ["0-4k"]
     assert set(data["verdict"]) == {"status", "gate", "enforced", "metric", "threshold", "k", "value", "lower", "reason",
-                                    "exit_code"}
+                                    "exit_code", "batch", "batches"}
+    assert set(data["batch"]) == BATCH_KEYS and set(data["cost"]) == COST_KEYS
     assert set(data["recorded_with"]) == RECORDED_KEYS
     assert set(data["best"]) == {"k", "speedup", "speedup_lo", "speedup_hi", "tau_sim", "tau_sim_lo", "tau_sim_hi", "tau",
-                                 "tau_lo", "tau_hi"}
+                                 "tau_lo", "tau_hi", "serve_k", "batch"}
     assert data["best"]["tau_sim"] == pytest.approx(11 / 5)  # the verdict's τ at the best K = 2
     assert data["best"]["speedup"] == pytest.approx((11 / 5) / 1.2)
     assert data["overall"]["value"]["tau"] == pytest.approx([1 + 7 / 11, 1 + 7 / 11 + 3 / 8])
@@ -534,7 +539,8 @@ def test_the_json_has_stable_documented_keys(hand_run):
     assert data["baseline"] is None
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("### `report` JSON"):]
-    for key in REPORT_KEYS | RATES_KEYS | RECORDED_KEYS | {"context", "unit", "schema_version", "shared", "paired"}:
+    for key in (REPORT_KEYS | RATES_KEYS | RECORDED_KEYS | BATCH_KEYS | COST_KEYS
+                | {"context", "unit", "schema_version", "shared", "paired", "serve_k", "batches"}):
         assert f"`{key}`" in section, f"README's report JSON section does not document {key}"
 
 
