@@ -375,3 +375,24 @@ def test_a_schedule_over_batch_sizes_becomes_vllms_dynamic_config_in_the_report_
     n = engine_numbers(report, 3)  # the schedule's largest K, whatever the best K
     assert synthetic["synthetic_acceptance_rates"] == [round(float(x), 6) for x in n.per_position]
     assert doc["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 3}
+
+
+def test_export_and_compare_import_no_torch(big_run, reading, tmp_path):
+    metrics = tmp_path / "metrics.txt"
+    metrics.write_text(prometheus(engine_numbers(reading.report)))
+    code = f"""
+import sys
+from mtp_observe.cli import main
+for argv in (["export", {str(big_run)!r}, "--engine", "speculation-profile", "-o", {str(tmp_path / 'p.json')!r},
+              "--replicates", "20"],
+             ["compare", {str(big_run)!r}, "--engine-metrics", {str(metrics)!r}, "--replicates", "50"]):
+    try:
+        main(argv)
+    except SystemExit as e:
+        assert e.code == 0, e.code
+import mtp_observe.engines
+assert "torch" not in sys.modules and "transformers" not in sys.modules, "export or compare imported torch"
+print("no torch")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.returncode == 0 and "no torch" in r.stdout, (r.stdout, r.stderr)
