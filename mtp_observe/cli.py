@@ -654,6 +654,75 @@ def report(
 
 
 @app.command()
+def export(
+    run: Annotated[Optional[Path], typer.Argument(metavar="RUN", help="Run directory (default: the newest under reports/).")] = None,
+    engine: Annotated[str, typer.Option(help="vllm, sglang, trtllm, speculation-profile or aiconfigurator.")] = "vllm",
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write here (default: standard output).")] = None,
+    k: Annotated[Optional[int], typer.Option("--k", help="Draft length to export (default: the report's best K).")] = None,
+    drafter: Annotated[Optional[str], typer.Option("--drafter", help="The drafter to export (default: mtp when the run "
+                                                   "has it, else its first).")] = None,
+    probe: Annotated[Optional[Path], typer.Option(help="probe.json: measured c and v(K) (they choose the best K).")] = None,
+    draft_cost: Annotated[Optional[float], typer.Option(help="c = draft step / target decode step (default: roofline).")] = None,
+    replicates: Annotated[int, typer.Option(help="Bootstrap resamples of sessions (the intervals written beside the values).")] = 1000,
+    seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+) -> None:
+    """The run's acceptance as an engine's or planner's input: vLLM's speculative config (synthetic acceptance),
+    SGLang's and TensorRT-LLM's simulated acceptance, Model-Optimizer's speculation_profile.json, AIConfigurator's
+    nextn (imports no torch)."""
+    from .engines import ENGINES, export as render
+    from .report import read_and_summarize
+
+    if engine not in ENGINES:
+        raise OptionError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
+    check_writable(output, "--output")
+    reading = read_and_summarize(run, drafter=drafter, probe=probe, draft_cost=draft_cost, replicates=replicates,
+                                 seed=seed)
+    text = render(reading, engine, k)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        write_output(output, "--output", lambda p: p.write_text(text, encoding="utf-8"))
+
+
+@app.command()
+def compare(
+    engine_metrics: Annotated[Path, typer.Option("--engine-metrics", help="What the engine measured on the same traffic: "
+                                                 "vLLM /metrics text, vLLM responses with metrics.speculative_decoding "
+                                                 "(JSON or JSON lines), or an SGLang log.")],
+    run: Annotated[Optional[Path], typer.Argument(metavar="RUN", help="Run directory (default: the newest under reports/).")] = None,
+    k: Annotated[Optional[int], typer.Option("--k", help="The engine's draft length where its file does not say "
+                                             "(SGLang logs; default: the report's best K).")] = None,
+    drafter: Annotated[Optional[str], typer.Option("--drafter", help="The drafter the engine ran (default: mtp when the "
+                                                   "run has it, else its first).")] = None,
+    probe: Annotated[Optional[Path], typer.Option(help="probe.json: measured c and v(K) (they choose the best K).")] = None,
+    draft_cost: Annotated[Optional[float], typer.Option(help="c = draft step / target decode step (default: roofline).")] = None,
+    replicates: Annotated[int, typer.Option(help="Bootstrap resamples of sessions.")] = 1000,
+    seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+) -> None:
+    """The engine's own acceptance counters against the run's intervals: exit 0 when they agree, 1 when not."""
+    from .engines import check, read_engine_metrics
+    from .errors import EngineMetricsError
+    from .report import read_and_summarize
+
+    try:
+        text = engine_metrics.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise EngineMetricsError(f"--engine-metrics {engine_metrics}: cannot read ({e.strerror or e})") from None
+    measured = read_engine_metrics(text, str(engine_metrics))
+    reading = read_and_summarize(run, drafter=drafter, probe=probe, draft_cost=draft_cost, replicates=replicates,
+                                 seed=seed)
+    result = check(reading.report, measured, k)
+    t = Table(title=literal(f"engine ({measured.detail}) against run {reading.report.path} at K={result.k}"))
+    for c in ("number", "engine", "run", f"run {result.level:.0%} interval", "agrees"):
+        t.add_column(c, justify="left" if c == "number" else "right")
+    for r in result.rows:
+        t.add_row(r.name, f"{r.engine:.3f}", f"{r.run:.3f}", f"[{r.lo:.3f}, {r.hi:.3f}]", "yes" if r.within else "NO")
+    out.print(t)
+    say(out, ("AGREES: " if result.agrees else "DISAGREES: ") + result.reason)
+    raise typer.Exit(code=result.exit_code)
+
+
+@app.command()
 def probe(
     model: Annotated[Path, typer.Argument(metavar="MODEL", help="Local checkpoint directory.")],
     context: Annotated[int, typer.Option(help="Tokens in the caches before each timed step (per sequence).")] = 4096,

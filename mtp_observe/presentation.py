@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .engines import serve_lines
 from .metrics import CALIBRATION_TOLERANCE, Z_MAX
 from .literal import literal, markdown_literal
 from .report import CONTEXT_BINS, Comparison, Delta, Report, Slice
@@ -101,7 +102,8 @@ def header_lines(report: Report, comparison: Comparison | None = None) -> list[s
         f"on-policy rate (recorded token = argmax) {cell(o, 'on_policy', ())}",
         (f"best K = {k}" if report.serve_k else f"best K = 0 (no speculation: no K beats 1; the largest speedup is at K = {k})")
         + f"{batch_words(report)}: speedup {cell(o, 'speedup', k - 1)} from τ_sim {cell(o, 'tau_sim', k - 1)}; "
-        f"mean acceptance length τ(K) (vLLM's per-position formula) {cell(o, 'tau', k - 1)}",
+        f"mean acceptance length as the engine counts it {cell(o, 'mean_acceptance_length', k - 1)} "
+        f"(all-anchor τ(K), vLLM's per-position formula over every anchor: {cell(o, 'tau', k - 1)})",
     ]
     for c in report.speculative:
         state = (f"agree at all {c.steps} steps" if c.agrees else f"not compared ({c.first_difference})"
@@ -110,6 +112,8 @@ def header_lines(report: Report, comparison: Comparison | None = None) -> list[s
                      f"per step over {c.steps} steps; the replay's τ_sim({c.k}) on the same turns {num(c.replay_tau_sim)} — "
                      f"{state}")
     lines += batch_lines(report)
+    if comparison is None:
+        lines += serve_lines(report)
     if comparison is not None:
         lines.append(f"baseline {comparison.baseline_path}: differences current - baseline over K <= {comparison.k}; "
                      f"{FLAG} = the difference's {report.level:.0%} interval excludes 0; {comparison.note}")
@@ -145,7 +149,7 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
                 "τ_sim when acceptance comes in bursts); τ_S est = what-if estimate under sampling profile S "
                 "(the walk with S's acceptance probabilities)",
     )
-    tables = [by_k] + drafter_tables(report)
+    tables = [by_k, engine_table(report)] + drafter_tables(report)
     if report.batch is not None:
         tables.append(batch_table(report))
     if rec is not None and rec.checked:
@@ -202,6 +206,31 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
         caption="every session is in --format json" if shown else "",
     ))
     return tables
+
+
+def engine_table(report: Report) -> TextTable:
+    """vLLM's names for the numbers, counted as the engine counts them (over the simulated decode's steps),
+    beside the all-anchor rates."""
+    o, K, kb = report.overall, report.k, report.best_k
+    v = o.value
+    return TextTable(
+        title="as the engine counts them (vLLM's spec-decode metrics on this traffic, over the decode's steps)",
+        columns=("K", "mean acceptance length", "draft acceptance rate", "per-position acceptance 1..K",
+                 "A_1..A_K all anchors", "τ(K) all anchors"),
+        rows=tuple(
+            (f"{k} ★" if k == kb else str(k), cell(o, "mean_acceptance_length", k - 1),
+             num(v.draft_acceptance_rate[k - 1]), " ".join(num(x, 2) for x in v.per_position_acceptance[k - 1, :k]),
+             " ".join(num(x, 2) for x in v.accept_rate[:k]), num(v.tau[k - 1]))
+            for k in range(1, K + 1)
+        ),
+        caption="what vLLM's /metrics will show after enabling MTP at K on this traffic: mean acceptance length = "
+                "1 + num_accepted_tokens / num_drafts, draft acceptance rate = num_accepted_tokens / num_draft_tokens, "
+                "per-position acceptance = num_accepted_tokens_per_pos / num_drafts, counted over the steps the "
+                "simulated decode makes (a step after a rejection starts right after it), every step drafting K; the "
+                "all-anchor A_k and τ(K) average over every position instead and are not what an engine counts. "
+                "`mtp-observe export --engine ...` writes these numbers for the engines; `mtp-observe compare "
+                "--engine-metrics` checks the engine's own against them",
+    )
 
 
 def drafter_tables(report: Report) -> list[TextTable]:

@@ -78,8 +78,8 @@ from .cost import (
 from .errors import OptionError, RunDirectoryError
 from .metrics import (
     CALIBRATION_TOLERANCE, MIN_SESSIONS_FOR_BOOTSTRAP, MIN_SESSIONS_FOR_VERDICT, MIN_SUPPORT, MIN_TURNS_FOR_BOOTSTRAP,
-    LL_FLOOR, RATE_FIELDS, Z_MAX, Counts, Rates, best_fit, bootstrap_weights, expected_decode_steps, fits, nanmean,
-    percentile_interval, rates, simulate_decode, stratified_weights, top_k,
+    LL_FLOOR, RATE_FIELDS, Z_MAX, Counts, Rates, best_fit, bootstrap_weights, decode_walk, expected_decode_steps, fits,
+    nanmean, percentile_interval, rates, stratified_weights, top_k,
 )
 from .tables import SEGMENTS, _one_line, _run_error, read_manifest
 
@@ -1077,11 +1077,12 @@ class Report:
 
 
 def tally(run: Run, row_group: np.ndarray, n_groups: int, span_group: np.ndarray | None, steps: np.ndarray,
-          expected: np.ndarray | None = None) -> Counts:
+          expected: np.ndarray | None = None, step_accepted: np.ndarray | None = None) -> Counts:
     """Counts per group: row_group [R] and span_group [N] (None: spans not counted, τ_sim NaN) -> Counts [G, ...].
 
     steps: [N, K] simulated decode steps of each span at K = 1..Kmax; expected: [N, P, K] the what-if
-    expected steps per profile (None: zeros).
+    expected steps per profile (None: zeros); step_accepted: [N, K, K] the walk's per-position counts at
+    each draft length (simulated_walks; None: zeros).
     """
     K, P = run.k, len(run.profiles)
     r = run.rows
@@ -1111,6 +1112,7 @@ def tally(run: Run, row_group: np.ndarray, n_groups: int, span_group: np.ndarray
         expected_steps=per_span(expected if expected is not None else np.zeros((N, P, K))),
         fit_tokens=per_span(run.spans.fit_tokens.astype(np.float64)).astype(np.int64),
         fit_support=fit[:, 0, :], fit_q=fit[:, 1, :], fit_q2=fit[:, 2, :], fit_var=fit[:, 3, :], fit_ll=fit[:, 4, :],
+        step_accepted=per_span(step_accepted if step_accepted is not None else np.zeros((N, K, K))).astype(np.int64),
     )
 
 
@@ -1118,10 +1120,23 @@ def simulated_steps(run: Run) -> np.ndarray:
     """[N, K] steps of the simulated decode of every span at K = 1..Kmax: with the draft made for K itself where a
     drafter's draft at K is not the first K tokens of its draft at Kmax (run.accepted_len_by_k), so τ_sim(K) is
     exact at every K."""
+    return simulated_walks(run)[0]
+
+
+def simulated_walks(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """([N, K] steps, [N, K, K] step_accepted) of the simulated decode of every span at draft length K = 1..Kmax
+    (the draft made for K where run.accepted_len_by_k has one): step_accepted[n, K-1, k-1] counts the walk's steps
+    that accept depth k (0 for k > K), as vLLM counts them."""
     span_len = run.spans.end - run.spans.start
+    N, Kmax = len(span_len), run.k
     by_k = run.accepted_len_by_k
-    return np.stack([simulate_decode(run.accepted_len if by_k is None else by_k[:, k - 1], span_len, k)
-                     for k in range(1, run.k + 1)], axis=-1)
+    steps = np.zeros((N, Kmax), dtype=np.int64)
+    step_accepted = np.zeros((N, Kmax, Kmax), dtype=np.int64)
+    for k in range(1, Kmax + 1):
+        walk = decode_walk(run.accepted_len if by_k is None else by_k[:, k - 1], span_len, k)
+        steps[:, k - 1] = walk.steps
+        step_accepted[:, k - 1, :k] = walk.step_accepted
+    return steps, step_accepted
 
 
 def what_if_steps(run: Run) -> np.ndarray:
@@ -1212,7 +1227,7 @@ def summarize(
     """Every metric, slice, interval, the recording sampler and the verdict for one run (ACCEPTANCE.md, 'Metrics')."""
     assert replicates >= 1, replicates
     S, K, N = len(run.sessions), run.k, len(run.spans.start)
-    steps = simulated_steps(run)
+    steps, step_accepted = simulated_walks(run)
     expected = what_if_steps(run)
     plan = resampling_for(run, replicates, seed)
     r = run.rows
@@ -1222,7 +1237,7 @@ def summarize(
     def family(row_group: np.ndarray, G: int, span_group: np.ndarray | None) -> tuple[Counts, Counts]:
         """Counts [N, G, ...] per span and group, and [S, G, ...] per session."""
         counts = tally(run, row_span * G + row_group, N * G,
-                       np.arange(N) * G + span_group if span_group is not None else None, steps, expected)
+                       np.arange(N) * G + span_group if span_group is not None else None, steps, expected, step_accepted)
         counts = Counts(**{f: v.reshape((N, G) + v.shape[1:]) for f, v in vars(counts).items()})
         return counts, _to_sessions(counts, run)
 
@@ -1463,6 +1478,7 @@ class Comparison:
 
 _PROFILE_FIELDS = ("tau_profile", "speedup_profile")  # [P, K]
 _SCALAR_FIELDS = ("on_policy",)
+_SQUARE_FIELDS = ("per_position_acceptance",)  # [K, K]: draft length K, position k
 
 
 def _restrict(r: Rates, k: int, profile_index: list[int]) -> Rates:
@@ -1471,6 +1487,8 @@ def _restrict(r: Rates, k: int, profile_index: list[int]) -> Rates:
             return a
         if field in ("support", "calibration", "fit_z", "log_likelihood"):
             return a[..., profile_index]
+        if field in _SQUARE_FIELDS:
+            return a[..., :k, :k]
         a = a[..., :k]
         return a[..., profile_index, :] if field in _PROFILE_FIELDS else a
 
@@ -1503,6 +1521,8 @@ def _metric_label(field: str, index: tuple) -> str:
         return "on_policy"
     if field in ("tau_profile", "speedup_profile"):
         return f"{field}[{index[0]}]@K={index[1] + 1}"
+    if field in _SQUARE_FIELDS:
+        return f"{field}@K={index[0] + 1},k={index[1] + 1}"
     return f"{field}@{'k' if field in ('alpha', 'accept_rate') else 'K'}={index[0] + 1}"
 
 
@@ -1906,8 +1926,10 @@ def _num(x) -> float | None:
 def rates_json(r: Rates, profiles: tuple[str, ...]) -> dict:
     """A Rates of [K] arrays -> {"alpha": [K], "accept_rate": [K], "tau": [K], "tau_sim": [K],
     "tau_profile": {profile: [K]}, "speedup": [K], "speedup_profile": {profile: [K]}, "on_policy": x,
-    "support": {profile: x}, "calibration": {profile: x}, "fit_z": {profile: x}, "log_likelihood": {profile: x}};
-    NaN -> null."""
+    "support": {profile: x}, "calibration": {profile: x}, "fit_z": {profile: x}, "log_likelihood": {profile: x},
+    "mean_acceptance_length": [K], "draft_acceptance_rate": [K], "per_position_acceptance": [K][K]} (the last three
+    engine-counted: over the simulated decode's steps at draft length K, as vLLM counts; row K-1 of
+    per_position_acceptance holds positions 1..K, then null); NaN -> null."""
     def seq(a):
         return [_num(v) for v in np.asarray(a)]
 
@@ -1920,6 +1942,8 @@ def rates_json(r: Rates, profiles: tuple[str, ...]) -> dict:
         "calibration": {p: _num(r.calibration[i]) for i, p in enumerate(profiles)},
         "fit_z": {p: _num(r.fit_z[i]) for i, p in enumerate(profiles)},
         "log_likelihood": {p: _num(r.log_likelihood[i]) for i, p in enumerate(profiles)},
+        "mean_acceptance_length": seq(r.mean_acceptance_length), "draft_acceptance_rate": seq(r.draft_acceptance_rate),
+        "per_position_acceptance": [seq(row) for row in np.asarray(r.per_position_acceptance)],
     }
 
 

@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 
 from .handmade import HandSpan, hand_run_sessions, random_sessions, write_run
 from mtp_observe.errors import OptionError, RunDirectoryError
-from mtp_observe.metrics import Counts, rates, simulate_decode, simulate_decode_reference
+from mtp_observe.metrics import (
+    Counts, decode_walk, engine_counted, rates, simulate_decode, simulate_decode_reference, visited_anchors_reference,
+)
 from mtp_observe.presentation import column_groups
 from mtp_observe.tables import SCHEMA_VERSION
 from mtp_observe.report import (
@@ -217,14 +219,40 @@ def test_the_vectorised_decode_walk_equals_the_plain_loop(case, k):
     assert steps.tolist() == expected
 
 
+@settings(max_examples=150, deadline=None)
+@given(spans_with_accepted_lengths(), st.integers(1, 6))
+def test_the_decode_walk_visits_the_anchors_of_the_plain_loop_and_counts_their_accepted_depths(case, k):
+    lengths, accepted = case
+    walk = decode_walk(np.array(accepted, dtype=np.int64), np.array(lengths), k)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    visited, counted = [], []
+    for j in range(len(lengths)):
+        span = accepted[offsets[j] : offsets[j + 1]]
+        anchors = visited_anchors_reference(span, k)
+        visited += [int(offsets[j]) + p for p in anchors]
+        counted.append([sum(min(span[p], k) >= depth for p in anchors) for depth in range(1, k + 1)])
+    assert np.flatnonzero(walk.visited).tolist() == visited
+    assert walk.step_accepted.tolist() == counted
+
+
+def test_the_decode_walk_follows_its_worked_example_and_engine_counts_differ_from_all_anchor_rates():
+    walk = decode_walk(np.array([2, 0, 0, 1, 1]), np.array([5]), 2)
+    assert walk.steps.tolist() == [2] and walk.visited.tolist() == [True, False, False, True, False]
+    assert walk.step_accepted.tolist() == [[2, 1]]
+    per_pos, mal, dar = engine_counted(np.array([[1, 0], [2, 1]]), np.array([3, 2]))  # K = 1 (1 of 3), K = 2
+    assert per_pos[1].tolist() == [1.0, 0.5] and np.isnan(per_pos[0, 1]) and per_pos[0, 0] == 1 / 3
+    assert mal.tolist() == [1 + 1 / 3, 2.5] and dar.tolist() == [1 / 3, 3 / 4]  # 1 + Σ per_pos; accepted / (K · steps)
+
+
 def test_rates_of_empty_depths_are_nan_not_zero():
     counts = Counts(evaluable=np.array([4, 0]), on_path=np.array([4, 0]), accepted=np.array([2, 0]),
                     p_accept=np.zeros((0, 2)), on_policy=np.array(4), span_tokens=np.array(0), steps=np.array([0, 0]),
                     expected_steps=np.zeros((0, 2)), fit_tokens=np.array(0), fit_support=np.zeros(0), fit_q=np.zeros(0),
-                    fit_q2=np.zeros(0), fit_var=np.zeros(0), fit_ll=np.zeros(0))
+                    fit_q2=np.zeros(0), fit_var=np.zeros(0), fit_ll=np.zeros(0), step_accepted=np.zeros((2, 2)))
     r = rates(counts, 0.1, np.zeros(2))
     assert r.alpha[0] == 0.5 and np.isnan(r.alpha[1]) and np.isnan(r.tau[1]) and np.isnan(r.tau_sim).all()
     assert np.isnan(r.speedup).all()  # the speedup is τ_sim's
+    assert np.isnan(r.per_position_acceptance).all() and np.isnan(r.mean_acceptance_length).all()  # no steps counted
 
 
 # ---------------------------------------------------------------------------------------------
@@ -482,7 +510,7 @@ BATCH_KEYS = {"source", "detail", "unit", "batch_sizes", "context", "k", "speedu
               "experts", "gated", "binding", "num_speculative_tokens_per_batch_size", "speculative_config"}
 COST_KEYS = {"source", "c", "verify_extra", "detail", "batch", "gated_c", "gated_verify_extra"}
 RATES_KEYS = {"alpha", "accept_rate", "tau", "tau_sim", "tau_profile", "speedup", "speedup_profile", "on_policy", "support",
-              "calibration", "fit_z", "log_likelihood"}
+              "calibration", "fit_z", "log_likelihood", "mean_acceptance_length", "draft_acceptance_rate", "per_position_acceptance"}
 RECORDED_KEYS = {"name", "label", "declared", "fits", "support", "calibration", "z", "tokens", "own_sessions", "reason",
                  "rule", "candidates"}
 
