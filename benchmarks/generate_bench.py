@@ -20,7 +20,7 @@
    FLOPs / peak (2 x parameters x B, plus attention 4 x full layers x heads x head_dim x C x B). A prefill
    of P prompt tokens is compute-bound: 2 x parameters x P plus attention over half the context on average.
    Device numbers are arguments (default H200 SXM: 4,800 GB/s HBM, 989.4 BF16 dense TFLOP/s, as listed in
-   ../research/engines.md section F with its sources); this script keeps no device table of its own.
+   mtp_observe/cost.py's device table with its sources); this script keeps no device table of its own.
 """
 
 from __future__ import annotations

@@ -611,8 +611,17 @@ def report(
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
     drafter: Annotated[Optional[str], typer.Option("--drafter", help="The drafter the tables, the gate and --baseline judge "
                                                    "(default: mtp when the run has it, else its first); every drafter is ranked.")] = None,
+    batch: Annotated[str, typer.Option("--batch", help="Batch size B (or a range LO-HI) where the gate is judged: "
+                                                       "the verdict, best K and slices are at it.")] = "1",
+    batch_sizes: Annotated[Optional[str], typer.Option("--batch-sizes", help="The speedup table's batch sizes "
+                                                       "(roofline; default 1,2,4,8,16,32,64,128).")] = None,
+    device_spec: Annotated[Optional[str], typer.Option("--device-spec", help="The roofline's device: h100, h200, b200, "
+                                                       "a100, l40s, mi300x, or BW_GBps,TFLOPS (default h100).")] = None,
+    context: Annotated[Optional[float], typer.Option("--context", help="Tokens of context per sequence for the "
+                                                     "roofline (default: the run's mean anchor position).")] = None,
 ) -> None:
     """Acceptance, projected speedup and a go/no-go verdict for a run directory (imports no torch)."""
+    from .cost import parse_batches
     from .report import parse_gate, read_and_summarize, report_json
     from .presentation import markdown, plot as draw, print_rich
 
@@ -638,7 +647,9 @@ def report(
             return
     reading = read_and_summarize(run, drafter=drafter, baseline=baseline, probe=probe, draft_cost=draft_cost,
                                  gate=parse_gate(gate) if gate is not None else None, min_support=min_support,
-                                 recorded_with=recorded_with, replicates=replicates, seed=seed, loaded=loaded)
+                                 recorded_with=recorded_with, replicates=replicates, seed=seed, batch=batch,
+                                 batch_sizes=parse_batches(batch_sizes) if batch_sizes is not None else None,
+                                 device_spec=device_spec, context=context, loaded=loaded)
     result, comparison = reading.report, reading.comparison
     if fmt == "json":
         print(json.dumps(report_json(result, comparison), indent=2))
@@ -665,23 +676,95 @@ def _show_heatmap(view, html: Optional[Path]) -> None:
 
 
 @app.command()
+def export(
+    run: Annotated[Optional[Path], typer.Argument(metavar="RUN", help="Run directory (default: the newest under reports/).")] = None,
+    engine: Annotated[str, typer.Option(help="vllm, sglang, trtllm, speculation-profile or aiconfigurator.")] = "vllm",
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write here (default: standard output).")] = None,
+    k: Annotated[Optional[int], typer.Option("--k", help="Draft length to export (default: the report's best K).")] = None,
+    drafter: Annotated[Optional[str], typer.Option("--drafter", help="The drafter to export (default: mtp when the run "
+                                                   "has it, else its first).")] = None,
+    probe: Annotated[Optional[Path], typer.Option(help="probe.json: measured c and v(K) (they choose the best K).")] = None,
+    draft_cost: Annotated[Optional[float], typer.Option(help="c = draft step / target decode step (default: roofline).")] = None,
+    replicates: Annotated[int, typer.Option(help="Bootstrap resamples of sessions (the intervals written beside the values).")] = 1000,
+    seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+) -> None:
+    """The run's acceptance as an engine's or planner's input: vLLM's speculative config (synthetic acceptance),
+    SGLang's and TensorRT-LLM's simulated acceptance, Model-Optimizer's speculation_profile.json, AIConfigurator's
+    nextn (imports no torch)."""
+    from .engines import ENGINES, export as render
+    from .report import read_and_summarize
+
+    if engine not in ENGINES:
+        raise OptionError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
+    check_writable(output, "--output")
+    reading = read_and_summarize(run, drafter=drafter, probe=probe, draft_cost=draft_cost, replicates=replicates,
+                                 seed=seed)
+    text = render(reading, engine, k)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        write_output(output, "--output", lambda p: p.write_text(text, encoding="utf-8"))
+
+
+@app.command()
+def compare(
+    engine_metrics: Annotated[Path, typer.Option("--engine-metrics", help="What the engine measured on the same traffic: "
+                                                 "vLLM /metrics text, vLLM responses with metrics.speculative_decoding "
+                                                 "(JSON or JSON lines), or an SGLang log.")],
+    run: Annotated[Optional[Path], typer.Argument(metavar="RUN", help="Run directory (default: the newest under reports/).")] = None,
+    k: Annotated[Optional[int], typer.Option("--k", help="The engine's draft length where its file does not say "
+                                             "(SGLang logs; default: the report's best K).")] = None,
+    drafter: Annotated[Optional[str], typer.Option("--drafter", help="The drafter the engine ran (default: mtp when the "
+                                                   "run has it, else its first).")] = None,
+    probe: Annotated[Optional[Path], typer.Option(help="probe.json: measured c and v(K) (they choose the best K).")] = None,
+    draft_cost: Annotated[Optional[float], typer.Option(help="c = draft step / target decode step (default: roofline).")] = None,
+    replicates: Annotated[int, typer.Option(help="Bootstrap resamples of sessions.")] = 1000,
+    seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+) -> None:
+    """The engine's own acceptance counters against the run's intervals: exit 0 when they agree, 1 when not."""
+    from .engines import check, read_engine_metrics
+    from .errors import EngineMetricsError
+    from .report import read_and_summarize
+
+    try:
+        text = engine_metrics.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise EngineMetricsError(f"--engine-metrics {engine_metrics}: cannot read ({e.strerror or e})") from None
+    measured = read_engine_metrics(text, str(engine_metrics))
+    reading = read_and_summarize(run, drafter=drafter, probe=probe, draft_cost=draft_cost, replicates=replicates,
+                                 seed=seed)
+    result = check(reading.report, measured, k)
+    t = Table(title=literal(f"engine ({measured.detail}) against run {reading.report.path} at K={result.k}"))
+    for c in ("number", "engine", "run", f"run {result.level:.0%} interval", "agrees"):
+        t.add_column(c, justify="left" if c == "number" else "right")
+    for r in result.rows:
+        t.add_row(r.name, f"{r.engine:.3f}", f"{r.run:.3f}", f"[{r.lo:.3f}, {r.hi:.3f}]", "yes" if r.within else "NO")
+    out.print(t)
+    say(out, ("AGREES: " if result.agrees else "DISAGREES: ") + result.reason)
+    raise typer.Exit(code=result.exit_code)
+
+
+@app.command()
 def probe(
     model: Annotated[Path, typer.Argument(metavar="MODEL", help=MODEL_HELP)],
-    context: Annotated[int, typer.Option(help="Tokens in the caches before each timed step.")] = 4096,
+    context: Annotated[int, typer.Option(help="Tokens in the caches before each timed step (per sequence).")] = 4096,
     k: Annotated[int, typer.Option("--k", help="Time the verify of K+1 tokens for K = 1..k.")] = 4,
     device: Annotated[str, typer.Option(metavar=DEVICE_METAVAR, help="Where the step runs (auto: cuda if available).")] = "auto",
     dtype: Annotated[Dtype, typer.Option(help="auto: bfloat16 on CUDA, float32 on CPU.")] = "auto",
     repeats: Annotated[int, typer.Option(help="Timed repeats; the median is reported.")] = 20,
+    batch: Annotated[str, typer.Option("--batch", help="Batch sizes to time, e.g. 1,2,4,8 (batch 1 is always timed).")] = "1",
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write probe.json.")] = Path("probe.json"),
 ) -> None:
-    """Measured cost of one draft step, one target decode step and one verify of K+1 tokens (batch 1)."""
+    """Measured cost of one draft step, one target decode step and one verify of K+1 tokens, per batch size."""
+    from .cost import parse_batches
     from .probe import CPU_NOTE, probe as measure, probe_json
     from .tables import write_json_atomic
 
+    sizes = parse_batches(batch, "--batch")
     check_writable(output, "--output")
     from .hub import resolve_model
 
-    result = measure(resolve_model(model, "MODEL"), context=context, k=k, device=device, dtype=dtype, repeats=repeats)
+    result = measure(resolve_model(model, "MODEL"), context=context, k=k, device=device, dtype=dtype, repeats=repeats, batch=sizes)
     data = probe_json(result)
     write_json_atomic(output, data, hint="free space or choose another --output")
     ms = 1e3
@@ -697,6 +780,19 @@ def probe(
     for K, (timing, extra) in enumerate(zip(result.verify, result.verify_extra()), start=1):
         t.add_row(f"verify K={K} ({K + 1} tokens)", f"{timing.median_s * ms:.3f} ms", f"{1 + extra:.4f}  (v = {extra:+.4f})", "")
     out.print(t)
+    if len(result.batches) > 1:
+        by_batch = Table(title=literal(f"by batch size (B sequences, context {context} each): milliseconds per step, "
+                                       "c_B = draft / decode, v_B(K) = verify / decode - 1"))
+        for c in ("B", "decode", *[f"verify K={K}" for K in range(1, k + 1)], "draft", "c_B", "v_B(1..k)"):
+            by_batch.add_column(c, justify="right")
+        for b in result.batches:
+            by_batch.add_row(str(b.batch), f"{b.target_decode.median_s * ms:.3f}",
+                             *[f"{v.median_s * ms:.3f}" for v in b.verify], f"{b.draft_step.median_s * ms:.3f}",
+                             f"{b.draft_cost:.4f}", " ".join(f"{v:+.3f}" for v in b.verify_extra()))
+        out.print(by_batch)
+    for b in result.batches:
+        for flag in b.flags():
+            say(out, f"flag: {flag}", style="yellow")
     for note in result.notes:
         say(out, f"note: {note}", style="yellow" if note == CPU_NOTE else None)
     say(out, f"wrote {output}; use it with: mtp-observe report --probe {output}")

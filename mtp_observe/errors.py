@@ -38,3 +38,7 @@ class RunDirectoryError(UserError):
 
 class OptionError(UserError):
     """A command-line option has a value the command cannot use."""
+
+
+class EngineMetricsError(UserError):
+    """An engine's metrics file (Prometheus text, a log, a benchmark JSON) cannot be read as spec-decode counters."""

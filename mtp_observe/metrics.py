@@ -13,9 +13,22 @@ Conventions (ACCEPTANCE.md), written down once. Depth k = 1..K sits at index k-1
     α_k       = accepted(k) / on_path(k)        on_path(k): rows at depth k accepted at k-1
                                                 (every row at k = 1, so α_1 = #match(1) / #anchors)
     A_k       = accepted(k) / evaluable(k)      vLLM's per_pos / num_drafts
-    τ(K)      = 1 + Σ_{k<=K} A_k                "mean acceptance length" (vLLM's name and per-position
-                                                formula), INCLUDES the bonus token; shown, never judged
+    τ(K)      = 1 + Σ_{k<=K} A_k                all-anchor mean acceptance length (vLLM's per-position
+                                                formula over every anchor), INCLUDES the bonus token; shown, never judged
     τ_sim(K)  = span_tokens / steps(K)          the simulated decode (see simulate_decode): the verdict's τ
+
+Engine-counted, as vLLM's counters will count them (vllm/v1/spec_decode/metrics.py: num_drafts,
+num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos), over the steps the simulated decode
+makes at draft length K — the anchors a decoder visits, not every anchor:
+
+    per_pos(K, k)                = step_accepted(K, k) / steps(K)   "per-position acceptance rate"
+    mean_acceptance_length(K)    = 1 + Σ_k step_accepted(K, k) / steps(K)   (bonus token included)
+    draft_acceptance_rate(K)     = Σ_k step_accepted(K, k) / (K · steps(K))
+
+Every step drafts K tokens, the last step of a turn too (vLLM counts drafts before its stop check); a
+drafted position past the end-of-turn token counts as drafted and rejected (the run has no row there, so
+this is a lower bound on what the engine counts there). So mean_acceptance_length(K) >= τ_sim(K): at a last
+step whose drafts reach the end-of-turn token, the engine counts a + 1 where the decode emits a.
     τ_S(K)    = span_tokens / E_S[steps(K)]     what-if estimate under sampler S (expected_decode_steps)
     speedup(K)= τ_sim(K) / (1 + K·c + v(K))     c: draft step / target decode step; v: extra verify cost
     on-policy = on_policy / evaluable(1)        depth-1 rows whose recorded token is the target's argmax
@@ -34,6 +47,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from .cost import best_k, speedup  # noqa: F401  (re-exported: the report's names for them)
 
 
 @dataclass(frozen=True)
@@ -54,6 +69,8 @@ class Counts:
     fit_q2: np.ndarray  # [..., P]  Σ_t Σ_v q_t(v)²
     fit_var: np.ndarray  # [..., P]  Σ_t (Σ_v q_t(v)³ - (Σ_v q_t(v)²)²)
     fit_ll: np.ndarray  # [..., P]  Σ log q_t(x_t) over the tokens in the support
+    step_accepted: np.ndarray  # [..., K, K]  simulated decode steps at draft length K (index K-1) whose accepted
+    #                            length reaches depth k (index k-1): vLLM's num_accepted_tokens_per_pos; 0 for k > K
 
     def total(self, axis: int = 0) -> "Counts":
         """Pool the counts along a leading axis (token-weighted aggregation)."""
@@ -70,7 +87,7 @@ class Counts:
 
 
 _FIELDS = ("evaluable", "on_path", "accepted", "p_accept", "on_policy", "span_tokens", "steps", "expected_steps",
-           "fit_tokens", "fit_support", "fit_q", "fit_q2", "fit_var", "fit_ll")
+           "fit_tokens", "fit_support", "fit_q", "fit_q2", "fit_var", "fit_ll", "step_accepted")
 
 
 @dataclass(frozen=True)
@@ -89,13 +106,17 @@ class Rates:
     calibration: np.ndarray  # [..., P]  Σ q(x) / Σ Σ q²
     fit_z: np.ndarray  # [..., P]  z-score of Σ q(x) - Σ Σ q² (NaN where the variance is 0: greedy)
     log_likelihood: np.ndarray  # [..., P]  per scored token, log q(x), a token outside the support counting log LL_FLOOR
+    per_position_acceptance: np.ndarray  # [..., K, K]  engine-counted per_pos(K, k) (NaN for k > K)
+    mean_acceptance_length: np.ndarray  # [..., K]  engine-counted 1 + accepted / num_drafts at draft length K
+    draft_acceptance_rate: np.ndarray  # [..., K]  engine-counted accepted / num_draft_tokens at draft length K
 
     def map(self, fn) -> "Rates":
         return Rates(**{f: fn(getattr(self, f)) for f in RATE_FIELDS})
 
 
 RATE_FIELDS = ("alpha", "accept_rate", "tau", "tau_sim", "tau_profile", "speedup", "speedup_profile", "on_policy",
-               "support", "calibration", "fit_z", "log_likelihood")
+               "support", "calibration", "fit_z", "log_likelihood", "per_position_acceptance", "mean_acceptance_length",
+               "draft_acceptance_rate")
 
 
 def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -106,13 +127,7 @@ def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
-def speedup(tau: np.ndarray, c: float, verify_extra: np.ndarray) -> np.ndarray:
-    """speedup(K) = τ(K) / (1 + K c + v(K)) for a τ per K (τ_sim, or an estimate); tau [..., K], verify_extra [K].
-
-    Worked example: τ_sim(2) = 2.2, c = 0.1, v(2) = 0 -> 2.2 / 1.2 = 1.833.
-    """
-    k = np.arange(1, tau.shape[-1] + 1, dtype=np.float64)
-    return tau / (1.0 + k * c + np.asarray(verify_extra, dtype=np.float64))
+# speedup(K) = τ(K) / (1 + K c + v(K)): the formula lives in cost.py (the one place it is computed, at any batch size).
 
 
 def rates(counts: Counts, c: float, verify_extra: np.ndarray) -> Rates:
@@ -124,6 +139,7 @@ def rates(counts: Counts, c: float, verify_extra: np.ndarray) -> Rates:
     tau_profile = ratio(counts.span_tokens[..., None, None], counts.expected_steps)
     with np.errstate(invalid="ignore", divide="ignore"):
         z = ratio(counts.fit_q - counts.fit_q2, np.sqrt(np.maximum(counts.fit_var, 0.0)))
+    engine = engine_counted(counts.step_accepted, counts.steps)
     return Rates(
         alpha=alpha, accept_rate=accept_rate, tau=tau, tau_sim=tau_sim, tau_profile=tau_profile,
         speedup=speedup(tau_sim, c, verify_extra), speedup_profile=speedup(tau_profile, c, verify_extra),
@@ -132,7 +148,25 @@ def rates(counts: Counts, c: float, verify_extra: np.ndarray) -> Rates:
         fit_z=z,
         log_likelihood=ratio(counts.fit_ll + (counts.fit_tokens[..., None] - counts.fit_support) * np.log(LL_FLOOR),
                              counts.fit_tokens[..., None]),
+        per_position_acceptance=engine[0], mean_acceptance_length=engine[1], draft_acceptance_rate=engine[2],
     )
+
+
+def engine_counted(step_accepted: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """vLLM's three derived numbers from the simulated decode's counts (module docstring): step_accepted
+    [..., K, K] and steps [..., K] -> (per-position rate [..., K, K] with NaN for k > K, mean acceptance length
+    [..., K], draft acceptance rate [..., K]).
+
+    Worked example: at K = 2, 4 steps of which 3 accepted depth 1 and 1 depth 2: per-position [0.75, 0.25],
+    mean acceptance length 1 + 4/4 = 2.0, draft acceptance rate 4 / (2·4) = 0.5.
+    """
+    K = steps.shape[-1]
+    draft_length = np.arange(1, K + 1)
+    beyond = np.arange(1, K + 1)[None, :] > draft_length[:, None]  # [K, K] position k past draft length K
+    per_pos = ratio(step_accepted, np.asarray(steps)[..., None])
+    per_pos = np.where(beyond, np.nan, per_pos)
+    accepted = np.asarray(step_accepted, dtype=np.float64).sum(axis=-1)  # [..., K]
+    return per_pos, 1.0 + ratio(accepted, steps), ratio(accepted, np.asarray(steps) * draft_length)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,8 +219,9 @@ def best_fit(names, log_likelihood, fitting) -> str | None:
     return best[0] if best else None
 
 
-def best_k(speedups: np.ndarray) -> int:
-    """The K (1-based) with the largest speedup; the smallest such K on ties. speedups: [K]."""
+def top_k(speedups: np.ndarray) -> int:
+    """The K (1-based) with the largest speedup, the smallest such K on ties (1 when all are NaN): where the
+    report reads its slices. best_k (cost.py) is the same K, or 0 when it does not beat 1. speedups: [K]."""
     if np.all(np.isnan(speedups)):
         return 1
     return int(np.nanargmax(speedups)) + 1
@@ -214,9 +249,33 @@ def simulate_decode(accepted_len: np.ndarray, span_len: np.ndarray, k: int) -> n
         p=3: emit 2 -> 5: 3 steps. At the end of a turn: accepted length [1] with e - s = 1 emits
         min(2, 1) = 1 token in one step — no bonus token past the end-of-turn token.
 
-    Computed without a Python loop over positions: each span is laid out as e - s anchor slots
-    plus one terminal slot; next[i] = i + emitted; the step count from the span's first slot
-    to its terminal slot is found by pointer doubling (log2 of the longest span rounds).
+    The walk itself is `decode_walk`, which also says which anchors it visits.
+    """
+    return decode_walk(accepted_len, span_len, k).steps
+
+
+@dataclass(frozen=True)
+class DecodeWalk:
+    """The simulated decode at one draft length K over N spans (A = Σ span_len anchors)."""
+
+    steps: np.ndarray  # [N] int64  target steps of each span's walk
+    visited: np.ndarray  # [A] bool  the anchors the walk steps on (anchor s of every span among them)
+    step_accepted: np.ndarray  # [N, K] int64  visited anchors whose accepted length (capped at K) reaches depth k
+
+
+def decode_walk(accepted_len: np.ndarray, span_len: np.ndarray, k: int) -> DecodeWalk:
+    """The walk of `simulate_decode`, with the anchors it visits and vLLM's per-position counts over them.
+
+    Worked example (simulate_decode's): accepted lengths [2, 0, 0, 1, 1], e - s = 5, k = 2: the walk visits
+    anchors 0 and 3 -> steps 2, visited [T, F, F, T, F], step_accepted [[2, 1]] (both visited steps accept
+    depth 1, the first also depth 2): per-position rates 1.0 and 0.5 over the two steps, where the all-anchor
+    rates are A_1 = 3/5 and A_2 = 1/4 (p=0 only, of the 4 anchors with p + 2 <= e).
+
+    Computed without a Python loop over positions: each span is laid out as e - s anchor slots plus one
+    terminal slot; next[i] = i + emitted; the step count from the span's first slot to its terminal slot is
+    found by pointer doubling (log2 of the longest span rounds), keeping each round's 2^j-step jumps; the
+    visited slots are then every next^t(first), t >= 0, marked by applying the jumps of every round in turn
+    to the set marked so far (after round j it holds t < 2^(j+1)).
     """
     accepted_len = np.asarray(accepted_len, dtype=np.int64)
     span_len = np.asarray(span_len, dtype=np.int64)
@@ -224,7 +283,7 @@ def simulate_decode(accepted_len: np.ndarray, span_len: np.ndarray, k: int) -> n
     assert k >= 1, k
     n_spans = span_len.shape[0]
     if n_spans == 0:
-        return np.zeros(0, dtype=np.int64)
+        return DecodeWalk(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), np.zeros((0, k), dtype=np.int64))
     slots = span_len + 1  # anchors, then the terminal slot (p = e)
     first = np.concatenate([[0], np.cumsum(slots)[:-1]]).astype(np.int64)  # [spans] slot of anchor s
     terminal = first + span_len  # [spans]
@@ -240,10 +299,24 @@ def simulate_decode(accepted_len: np.ndarray, span_len: np.ndarray, k: int) -> n
     jump = np.arange(n, dtype=np.int64) + emitted  # [n] next slot (terminal slots point at themselves)
     count = (~is_terminal).astype(np.int64)  # steps covered by following `jump` once
     goal = terminal[span_of_slot]
+    jumps = [jump]
     while np.any(jump != goal):
         count = count + count[jump]
         jump = jump[jump]
-    return count[first]
+        jumps.append(jump)
+    marked = np.zeros(n, dtype=bool)
+    marked[first] = True
+    for j in jumps:
+        marked[j[marked]] = True
+    visited = marked[~is_terminal]
+    anchor_span = span_of_slot[~is_terminal]
+    capped = a[~is_terminal]
+    histogram = np.bincount(anchor_span[visited] * (k + 1) + capped[visited], minlength=n_spans * (k + 1))
+    histogram = histogram.reshape(n_spans, k + 1)  # [N, k+1] visited steps by accepted length 0..k
+    reaching = np.cumsum(histogram[:, ::-1], axis=1)[:, ::-1]  # [N, k+1] steps accepting at least that length
+    steps = count[first]
+    assert np.array_equal(steps, reaching[:, 0]), "a walk's steps are its visited anchors"
+    return DecodeWalk(steps=steps, visited=visited, step_accepted=reaching[:, 1:].astype(np.int64))
 
 
 def expected_decode_steps(accept: np.ndarray, span_len: np.ndarray, k_max: int) -> np.ndarray:
@@ -310,12 +383,17 @@ def expected_decode_steps_reference(accept: list[list[float]], k: int) -> float:
 
 def simulate_decode_reference(accepted_len: list[int], k: int) -> int:
     """The walk of `simulate_decode` for one span, as a plain loop (the definition, for tests and reading)."""
+    return len(visited_anchors_reference(accepted_len, k))
+
+
+def visited_anchors_reference(accepted_len: list[int], k: int) -> list[int]:
+    """The anchors the walk of one span steps on, as a plain loop (for tests and reading)."""
     e = len(accepted_len)  # anchors s..e-1 relative to s = 0
-    p, steps = 0, 0
+    p, visited = 0, []
     while p < e:
+        visited.append(p)
         p += min(min(accepted_len[p], k) + 1, e - p)
-        steps += 1
-    return steps
+    return visited
 
 
 # ---------------------------------------------------------------------------------------------

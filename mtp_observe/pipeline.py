@@ -171,7 +171,7 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
 
 def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size: int,
                    carry: Carry | None = None, keep_at: int | None = None, drafters=None,
-                   keep: int | None = None, on_tokens=None) -> tuple[dict, dict, Carry | None]:
+                   keep: int | None = None, recorder=None, on_tokens=None) -> tuple[dict, dict, Carry | None]:
     """One request through the target and the head: the columns of its rows, the recording-sampler sums
     of its spans (RequestResult.fit), and what the next request reuses.
 
@@ -203,10 +203,14 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
         segments[sp.start : sp.end + 1] = torch.frombuffer(bytearray(sp.segments), dtype=torch.int8)
     plan = anchor_plan(request.spans, k_max)
     index = row_index(plan, k_max)
+    if recorder is not None:  # routing.RouterRecorder: the MoE routers' picks during this prefill
+        recorder.begin_request()
     if on_tokens is not None and carry is not None:
         on_tokens(carry.length)
     hidden, kept = prefill(model.target, ids, chunk_size, prefix=carry.target if carry else None, keep_at=keep_at,
                            on_chunk=on_tokens)  # 1
+    if recorder is not None:
+        recorder.end_request(carry.length if carry else 0, [(sp.start, sp.end) for sp in request.spans])
     P = carry.length - 1 if carry else 0  # rows 0..P-1 come from the previous request
     rows = model.head.row_pass(hidden[P:-1], ids[P + 1 :].to(hidden.device), chunk_size=chunk_size,
                                prefix=carry.rows if carry else None)  # 2
@@ -345,10 +349,11 @@ def check_finite(columns: dict, head=None) -> None:
 
 
 def replay_session(model: LoadedModel | None, requests, k_max: int, profiles, chunk_size: int,
-                   drafters=None, observer: Observer | None = None) -> list[RequestResult]:
+                   drafters=None, recorder=None, observer: Observer | None = None) -> list[RequestResult]:
     """Every request of one session, in order, each starting from the prefix it shares with the one before.
-    model None: the model-free drafters of `drafters` alone (no weights, no target). observer: hears each
-    request start and its tokens as they are done (Observer.request, .tokens)."""
+    model None: the model-free drafters of `drafters` alone (no weights, no target). recorder
+    (routing.RouterRecorder) accumulates the session's router window sums. observer: hears each request start
+    and its tokens as they are done (Observer.request, .tokens)."""
     out, carry = [], None
     for r, request in enumerate(requests):
         if observer is not None:
@@ -365,7 +370,7 @@ def replay_session(model: LoadedModel | None, requests, k_max: int, profiles, ch
         if keep_at is not None and keep_at >= len(request.input_ids):
             keep_at = len(request.input_ids) - 1  # the next request extends this one: keep all but the last token
         columns, fit, carry = replay_request(model, request, k_max, profiles, chunk_size, carry=carry, keep_at=keep_at,
-                                             drafters=drafters, keep=shared,
+                                             drafters=drafters, keep=shared, recorder=recorder,
                                              on_tokens=observer.tokens if observer is not None else None)
         out.append(RequestResult(request.index, columns, fit))
     return out
@@ -769,6 +774,7 @@ def _start_manifest(out: Path, opts: ReplayOptions, info, identity: dict, bundle
 
     from . import __version__, tables
     from .errors import RunDirectoryError
+    from .cost import geometry_of_checkpoint
     from .inventory import take_inventory
 
     resumed = tables.prepare_run_directory(out, opts.resume, opts.overwrite)
@@ -790,6 +796,7 @@ def _start_manifest(out: Path, opts: ReplayOptions, info, identity: dict, bundle
             "numerics": info.numerics(identity["dtype"]),
             "roofline": inventory.roofline(precision),
             "roofline_by_precision": {p: inventory.draft_cost(p) for p in ["stored", "BF16", "FP8", "Q8_0", "Q6_K", "Q4_K"]},
+            "cost_geometry": geometry_of_checkpoint(info).as_dict(),
             "generation_config": generation.as_dict() if generation is not None else None,
             **text_config_limits(info.text_config),
         }
@@ -856,6 +863,7 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
     from .rendering import Renderer
     from .sessions import SessionError, Skipped, input_name, read_sessions, speculative_steps
 
+    from .routing import RouterRecorder
     from .target import VLLM_DEFAULTS, generation_config_profile
 
     roster = roster or drafter_roster(opts)
@@ -877,6 +885,10 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
         total = min(total, opts.max_sessions)
     observer.start(len([i for i in range(total) if ranks.owns(i)]))
     started, fresh_tokens = time.time(), 0
+    recorder = RouterRecorder(model.target, opts.k + 1) if model is not None else None  # q = 1..Kmax+1 tokens a sequence
+    if recorder is not None and not recorder.active:
+        recorder.close()
+        recorder = None
 
     def skip(index, path, line, session_id, message):
         errors.append({"index": index, "path": path, "line": line, "session_id": session_id, "message": message})
@@ -919,7 +931,8 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
             try:
                 observer.session_start(item.id, rendered.n_tokens, len(rendered.requests))
                 per_request = replay_session(model, rendered.requests, opts.k, profiles, opts.chunk_size,
-                                             drafters=roster if with_drafters else None, observer=observer)
+                                             drafters=roster if with_drafters else None, recorder=recorder,
+                                             observer=observer)
             except NonFiniteOutput as e:
                 raise CheckpointError(f"{model.info.path}: {e} in session {item.id} ({item.path}:{item.line}); the "
                                       f"weights hold NaN/inf or overflow in {str(model.dtype).removeprefix('torch.')}: "
@@ -929,7 +942,7 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
                                                target=model is not None)
             requests = tables.requests_table(item.id, rendered.requests, [r.fit for r in per_request], names,
                                              {"source": source, **recorded.as_dict()} if model is not None else None,
-                                             speculative)
+                                             speculative, routing=recorder.take() if recorder is not None else None)
             writer.add(item.index, positions, requests)  # written with the sessions before and after it (parts.py)
             c = {"requests": len(rendered.requests), "tokens_replayed": rendered.n_tokens,
                  "scored_tokens": rendered.scored_tokens, "rows": positions.num_rows,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .engines import serve_lines
 from .metrics import CALIBRATION_TOLERANCE, Z_MAX
 from .literal import literal, markdown_literal, prose
 from .report import CONTEXT_BINS, Comparison, Delta, Report, Slice
@@ -100,8 +101,10 @@ def header_lines(report: Report, comparison: Comparison | None = None) -> list[s
         lines.append(f"recording sampler: {rec.label} — {state} ({stats})")
     lines += [
         f"on-policy rate (recorded token = argmax) {cell(o, 'on_policy', ())}",
-        f"best K = {k}: speedup {cell(o, 'speedup', k - 1)} from τ_sim {cell(o, 'tau_sim', k - 1)}; "
-        f"mean acceptance length τ(K) (vLLM's per-position formula) {cell(o, 'tau', k - 1)}",
+        (f"best K = {k}" if report.serve_k else f"best K = 0 (no speculation: no K beats 1; the largest speedup is at K = {k})")
+        + f"{batch_words(report)}: speedup {cell(o, 'speedup', k - 1)} from τ_sim {cell(o, 'tau_sim', k - 1)}; "
+        f"mean acceptance length as the engine counts it {cell(o, 'mean_acceptance_length', k - 1)} "
+        f"(all-anchor τ(K), vLLM's per-position formula over every anchor: {cell(o, 'tau', k - 1)})",
     ]
     for c in report.speculative:
         state = (f"agree at all {c.steps} steps" if c.agrees else f"not compared ({c.first_difference})"
@@ -109,6 +112,9 @@ def header_lines(report: Report, comparison: Comparison | None = None) -> list[s
         lines.append(f"speculative loop (generate --speculative {c.k}, {c.requests} turns): {num(c.tokens_per_step)} tokens "
                      f"per step over {c.steps} steps; the replay's τ_sim({c.k}) on the same turns {num(c.replay_tau_sim)} — "
                      f"{state}")
+    lines += batch_lines(report)
+    if comparison is None:
+        lines += serve_lines(report)
     if comparison is not None:
         lines.append(f"baseline {comparison.baseline_path}: differences current - baseline over K <= {comparison.k}; "
                      f"{FLAG} = the difference's {report.level:.0%} interval excludes 0; {comparison.note}")
@@ -144,7 +150,9 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
                 "τ_sim when acceptance comes in bursts); τ_S est = what-if estimate under sampling profile S "
                 "(the walk with S's acceptance probabilities)",
     )
-    tables = [by_k] + drafter_tables(report)
+    tables = [by_k, engine_table(report)] + drafter_tables(report)
+    if report.batch is not None:
+        tables.append(batch_table(report))
     if rec is not None and rec.checked:
         tables.append(TextTable(
             title=f"recording sampler ({rec.tokens:,} scored tokens): {rec.label}",
@@ -201,6 +209,31 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
     return tables
 
 
+def engine_table(report: Report) -> TextTable:
+    """vLLM's names for the numbers, counted as the engine counts them (over the simulated decode's steps),
+    beside the all-anchor rates."""
+    o, K, kb = report.overall, report.k, report.best_k
+    v = o.value
+    return TextTable(
+        title="as the engine counts them (vLLM's spec-decode metrics on this traffic, over the decode's steps)",
+        columns=("K", "mean acceptance length", "draft acceptance rate", "per-position acceptance 1..K",
+                 "A_1..A_K all anchors", "τ(K) all anchors"),
+        rows=tuple(
+            (f"{k} ★" if k == kb else str(k), cell(o, "mean_acceptance_length", k - 1),
+             num(v.draft_acceptance_rate[k - 1]), " ".join(num(x, 2) for x in v.per_position_acceptance[k - 1, :k]),
+             " ".join(num(x, 2) for x in v.accept_rate[:k]), num(v.tau[k - 1]))
+            for k in range(1, K + 1)
+        ),
+        caption="what vLLM's /metrics will show after enabling MTP at K on this traffic: mean acceptance length = "
+                "1 + num_accepted_tokens / num_drafts, draft acceptance rate = num_accepted_tokens / num_draft_tokens, "
+                "per-position acceptance = num_accepted_tokens_per_pos / num_drafts, counted over the steps the "
+                "simulated decode makes (a step after a rejection starts right after it), every step drafting K; the "
+                "all-anchor A_k and τ(K) average over every position instead and are not what an engine counts. "
+                "`mtp-observe export --engine ...` writes these numbers for the engines; `mtp-observe compare "
+                "--engine-metrics` checks the engine's own against them",
+    )
+
+
 def drafter_tables(report: Report) -> list[TextTable]:
     """Every drafter on the same anchors (a run of more than one): the ranking, speedup by K and drafter, and each
     drafter by segment and by context length. Empty for a run of one drafter."""
@@ -250,6 +283,66 @@ def drafter_tables(report: Report) -> list[TextTable]:
                       caption="no τ_sim by segment: a decode walk crosses segments"),
             TextTable(title="drafters by context length at the anchor (at each drafter's best K)",
                       columns=("context", "drafter", "anchors", "α_1", "τ_sim(K)", "speedup"), rows=tuple(context_rows))]
+def batch_words(report: Report) -> str:
+    b = report.batch
+    return "" if b is None or (len(b.times.batch) == 1 and b.binding == 1) else f" at batch {b.binding}"
+
+
+def batch_lines(report: Report) -> list[str]:
+    """The cost table's source and vLLM's schedule, one line each."""
+    b = report.batch
+    if b is None:
+        return []
+    gated = ", ".join(map(str, b.gated))
+    config = b.speculative_config
+    lines = [f"speedup by batch size: {b.times.detail}; the gate is judged at batch {gated}"
+             + (f" (the binding one: {b.binding})" if len(b.gated) > 1 else "")]
+    if config is None:
+        lines.append("vLLM schedule: no K pays at any batch size in the table "
+                     f"(num_speculative_tokens_per_batch_size {b.schedule_text}): serve without --speculative-config")
+    else:
+        lines.append(f"vLLM schedule: --speculative-config '{json_text(config)}'")
+    return lines
+
+
+def json_text(data) -> str:
+    import json
+
+    return json.dumps(data, separators=(", ", ": "))
+
+
+def batch_table(report: Report) -> TextTable:
+    """speedup(K, B) with intervals, the best K and the break-even τ_sim per batch size."""
+    b, K = report.batch, report.k
+    t = b.times
+    c = t.draft_cost()
+
+    def speed(i: int, k: int) -> str:
+        text = with_interval(b.value[i, k - 1], None if b.lo is None else b.lo[i, k - 1], None if b.hi is None else b.hi[i, k - 1])
+        return f"{text} ★" if b.best_k[i] == k else text
+
+    step = "ms" if t.unit == "s" else "decode steps"
+    scale = 1e3 if t.unit == "s" else 1.0
+    rows = []
+    for i, B in enumerate(t.batch):
+        bound = ""
+        if t.bound is not None:
+            bound = f"{t.bound[i, 0][0]}/{t.bound[i, min(K, t.q_max - 1)][0]}/{t.draft_bound[i][0]}"
+        rows.append((f"{B}" + (" ◆" if B == b.binding else ""), f"{t.target[i, 0] * scale:.4g}", num(c[i], 3),
+                     *[speed(i, k) for k in range(1, K + 1)], str(b.best_k[i]),
+                     " / ".join(num(x, 2) for x in b.break_even[i]), *([bound] if bound else [])))
+    columns = ("B", f"decode ({step})", "c_B", *[f"K={k}" for k in range(1, K + 1)], "best K", "break-even τ_sim K=1..")
+    columns += ("bound",) if t.bound is not None else ()
+    return TextTable(
+        title=f"speedup by batch size ({t.source}; τ_sim's {report.level:.0%} intervals)",
+        columns=columns, rows=tuple(rows),
+        caption=("speedup(K, B) = τ_sim(K) · t_target(B,1) / (t_target(B,K+1) + K · t_draft(B)); ★ best K at B (0: no K "
+                 "beats 1); ◆ where the gate is judged; c_B = t_draft(B) / t_target(B,1); break-even τ_sim = "
+                 "1 + K·c_B + v_B(K), the τ_sim(K) at which speculation pays nothing"
+                 + ("; bound: decode / verify of Kmax+1 tokens / draft step on the roofline, m memory-bound, c compute-bound"
+                    if t.bound is not None else "")
+                 + f". vLLM num_speculative_tokens_per_batch_size: {b.schedule_text}"),
+    )
 
 
 def _sort_key(x: float) -> float:
@@ -380,10 +473,13 @@ def plot(report: Report, path: str | Path, comparison: Comparison | None = None)
     o, K, kb, v = report.overall, report.k, report.best_k, report.verdict
     ks = np.arange(1, K + 1)
     several = len(report.drafters) > 1
-    fig = Figure(figsize=(16.5 if several else 11, 4.4), layout="constrained")
+    by_batch = report.batch is not None and len(report.batch.times.batch) > 1
+    n = 2 + several + by_batch
+    fig = Figure(figsize=(5.5 * n, 4.4), layout="constrained")
     FigureCanvasAgg(fig)
-    panels = fig.subplots(1, 3 if several else 2)
+    panels = list(fig.subplots(1, n))
     left, right = panels[0], panels[1]
+    third = [panels[-1]] if by_batch else []
     if several:
         ax = panels[2]
         colours = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
@@ -433,6 +529,8 @@ def plot(report: Report, path: str | Path, comparison: Comparison | None = None)
               ylabel="τ: tokens per target step;  speedup: ×", xticks=ks)
     right.grid(alpha=0.3)
     right.legend(loc="upper left", fontsize=8)
+    if third:
+        plot_batch(third[0], report)
     gate = v.gate.text if v.enforced else "no gate"
     judged = f" [{report.drafter}]" if several else ""
     fig.suptitle(f"{report.path.name}{judged}: {plural(len(report.sessions), 'session')}, {plural(o.anchors, 'anchor')}, on-policy "
@@ -440,3 +538,24 @@ def plot(report: Report, path: str | Path, comparison: Comparison | None = None)
     path = Path(path)
     fig.savefig(path, dpi=120)
     return path
+
+
+def plot_batch(ax, report: Report) -> None:
+    """speedup(K, B) versus batch size, one line per K with τ_sim's band; the gated batch size marked."""
+    b = report.batch
+    x = np.array(b.times.batch, dtype=float)
+    colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+    for k in range(1, report.k + 1):
+        colour = colours[(k - 1) % len(colours)]
+        if b.lo is not None:
+            ax.fill_between(x, b.lo[:, k - 1], b.hi[:, k - 1], color=colour, alpha=0.15, linewidth=0)
+        ax.plot(x, b.value[:, k - 1], marker="o", color=colour, label=f"K = {k}", linewidth=2)
+    ax.axhline(1.0, color="grey", linewidth=1, linestyle=":", label="1× (no speculation)")
+    for g in b.gated:
+        ax.axvline(g, color="black", linewidth=1, linestyle="--", alpha=0.5)
+    ax.set_xscale("log", base=2)
+    ax.set(title=f"speedup vs batch size ({b.times.source}; gate at B = {', '.join(map(str, b.gated))})",
+           xlabel="batch size B (sequences per step)", ylabel="speedup(K, B): ×")
+    ax.set_xticks(x, [str(int(v)) for v in x])
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)

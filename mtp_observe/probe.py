@@ -1,25 +1,33 @@
-"""The probe: the measured cost of one draft step, one target decode step and one verify of K+1 tokens.
+"""The probe: the measured cost of one draft step, one target decode step and one verify of K+1 tokens,
+at one or more batch sizes.
 
 Contract: `probe(model_dir, ...)` loads the checkpoint (pipeline.load_model), fills the target's
-cache and the head's KV to `context` tokens, and times at batch 1, with device-synchronised
-timers, `warmup` untimed runs and the median of `repeats`:
+cache and the head's KV to `context` tokens once, and for every batch size B (`--batch 1,2,4,...`;
+batch 1 is always measured) times, with device-synchronised timers, `warmup` untimed runs and the
+median of `repeats`:
 
-    draft step      MtpHead.decode_step: one head row (fc, attention over the context's head KV,
-                    MLP, norm) and the argmax over the whole lm_head — what each of the K draft
-                    steps costs in serving
-    target decode   one token through the target with a transformers DynamicCache holding the
-                    context, logits for that token
-    verify(K)       K+1 tokens through the target on the same cache, logits for all of them,
-                    for K = 1..k
+    draft step      one head row for each of B sequences (fc, attention over that sequence's own copy of
+                    the head's KV, MLP, norm) and the argmax over the whole lm_head (`batched_draft_step`):
+                    what each of the K draft steps costs in serving
+    target decode   one new token for each of B sequences through the target, on a transformers
+                    DynamicCache holding B copies of the context, logits for every token
+    verify(K)       K+1 new tokens for each of B sequences on the same cache, for K = 1..k
 
-The cache is deep-copied before every timed call, outside the timed region (a forward appends to
-it, and Qwen3.5's linear-attention layers update their recurrent state in place). The result is
-`ProbeResult`; `probe_json` writes probe.json, which `mtp-observe report --probe` reads without
-torch (report.read_probe). Figures measured on a CPU do not stand for a GPU's: batch-1 decode on a
-GPU is bound by memory bandwidth, on a CPU by compute and caches; the file says so (`cpu`).
+The B sequences share the context's cache contents (copied B times: `expand_cache`, built once per B);
+their new tokens differ (random, per sequence), so a MoE target routes them as different tokens. The
+cache is deep-copied before every timed call, outside the timed region (a forward appends to it, and
+Qwen3.5's linear-attention layers update their recurrent state in place); the head's KV copies are
+written in place (the new row's slot), as a serving engine writes its cache.
 
-probe.json keys (probe_version 1):
-    probe_version   1
+Sanity checks (`flags`, per batch size): a verify of K+1 tokens measured faster than a decode of 1
+(v(K) < 0), or faster than the verify of K tokens; the report takes such a v as 0 and says so (never
+silently). The result is `ProbeResult`; `probe_json` writes probe.json, which `mtp-observe report
+--probe` reads without torch (report.read_probe, cost.step_times_from_probe). Figures measured on a
+CPU do not stand for a GPU's: batch-1 decode on a GPU is bound by memory bandwidth, on a CPU by compute
+and caches; the file says so (`cpu`).
+
+probe.json keys (probe_version 2; version 1 had no batch_sizes and batches, and the report still reads it):
+    probe_version   2
     tool            {"name": "mtp-observe", "version"}
     created         ISO-8601 UTC
     model           {"path", "model_type", "config_sha256", "numerics"} (numerics: what the weights were computed
@@ -27,15 +35,19 @@ probe.json keys (probe_version 1):
     device          "cuda:0" | "cpu" ...;  device_name: the GPU's name or the CPU's description
     cpu             true when measured on a CPU (the figures do not stand for a GPU)
     dtype           "bfloat16" | "float32"
-    context         tokens in the target's cache and the head's KV before each timed step
+    context         tokens in the target's cache and the head's KV before each timed step (per sequence)
     k               the largest K whose verify (K+1 tokens) was timed
-    batch           1
+    batch           1: the batch size of the top-level timings below (batch 1, as in version 1)
     repeats, warmup timed runs (their median is reported) and untimed warm-up runs
-    timings_s       {"draft_step": median seconds, "target_decode": median seconds}
-    samples_s       {"draft_step": [seconds per repeat], "target_decode": [...]}
+    timings_s       {"draft_step": median seconds, "target_decode": median seconds}            (batch 1)
+    samples_s       {"draft_step": [seconds per repeat], "target_decode": [...]}               (batch 1)
     verify          [{"k": K, "tokens": K+1, "median_s", "samples_s": [...], "extra": v(K)}] for K = 1..k,
-                    v(K) = verify(K+1 tokens) / target decode - 1 (the report clamps it at 0)
-    draft_cost      c = draft step / target decode
+                    v(K) = verify(K+1 tokens) / target decode - 1 (the report clamps it at 0)   (batch 1)
+    draft_cost      c = draft step / target decode                                             (batch 1)
+    batch_sizes     [B, ...] every batch size measured, ascending (1 first)
+    batches         [{"batch": B, "target_decode": {"median_s", "samples_s"}, "draft_step": {"median_s", "samples_s"},
+                      "verify": [{"k", "tokens", "median_s", "samples_s", "extra"}], "draft_cost": c_B,
+                      "flags": [str]}] one per batch size (the sanity checks above)
     roofline        {"precision", "head_bytes", "lm_head_bytes", "target_bytes", "head_step_bytes",
                     "target_step_bytes", "draft_cost"} at the probe's dtype (inventory.py: bytes a batch-1 draft
                     step reads over bytes a decode step reads; *_step_bytes charge routed experts at top-k / E)
@@ -55,6 +67,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from . import __version__
 from .errors import OptionError
@@ -74,6 +87,39 @@ class Timing:
 
 
 @dataclass(frozen=True)
+class BatchTiming:
+    """The three steps at one batch size."""
+
+    batch: int
+    draft_step: Timing
+    target_decode: Timing
+    verify: tuple[Timing, ...]  # [k] verify of K+1 tokens per sequence for K = 1..k
+
+    @property
+    def draft_cost(self) -> float:
+        """c_B = one draft step / one target decode step."""
+        return self.draft_step.median_s / self.target_decode.median_s
+
+    def verify_extra(self) -> list[float]:
+        """v_B(K) = verify(K+1 tokens) / decode(1 token) - 1, K = 1..k (unclamped: the measurement as taken)."""
+        return [t.median_s / self.target_decode.median_s - 1.0 for t in self.verify]
+
+    def flags(self) -> list[str]:
+        """The sanity checks that failed (module docstring)."""
+        out = []
+        previous = self.target_decode.median_s
+        for K, (t, v) in enumerate(zip(self.verify, self.verify_extra()), start=1):
+            if v < 0:
+                out.append(f"batch {self.batch}: the verify of {K + 1} tokens ({t.median_s * 1e3:.3f} ms) measured faster "
+                           f"than a decode of 1 ({self.target_decode.median_s * 1e3:.3f} ms): v({K}) = {v:+.3f}")
+            elif K > 1 and t.median_s < previous:
+                out.append(f"batch {self.batch}: the verify of {K + 1} tokens ({t.median_s * 1e3:.3f} ms) measured faster "
+                           f"than the verify of {K} ({previous * 1e3:.3f} ms)")
+            previous = t.median_s
+        return out
+
+
+@dataclass(frozen=True)
 class ProbeResult:
     model: dict  # {"path", "model_type", "config_sha256", "numerics"}
     device: str
@@ -83,20 +129,33 @@ class ProbeResult:
     k: int
     repeats: int
     warmup: int
-    draft_step: Timing
-    target_decode: Timing
-    verify: tuple[Timing, ...]  # [k] verify of K+1 tokens for K = 1..k
+    batches: tuple[BatchTiming, ...]  # [batch sizes] ascending, batch 1 first
     roofline: dict  # {"precision", "head_bytes", "lm_head_bytes", "target_bytes", "draft_cost"}
     notes: tuple[str, ...]
 
+    def __post_init__(self):
+        assert self.batches and self.batches[0].batch == 1, "batch 1 is always measured"
+
+    @property
+    def draft_step(self) -> Timing:  # batch 1
+        return self.batches[0].draft_step
+
+    @property
+    def target_decode(self) -> Timing:
+        return self.batches[0].target_decode
+
+    @property
+    def verify(self) -> tuple[Timing, ...]:
+        return self.batches[0].verify
+
     @property
     def draft_cost(self) -> float:
-        """c = one draft step / one target decode step."""
-        return self.draft_step.median_s / self.target_decode.median_s
+        """c = one draft step / one target decode step (batch 1)."""
+        return self.batches[0].draft_cost
 
     def verify_extra(self) -> list[float]:
-        """v(K) = verify(K+1 tokens) / decode(1 token) - 1, K = 1..k (unclamped: the measurement as taken)."""
-        return [t.median_s / self.target_decode.median_s - 1.0 for t in self.verify]
+        """v(K) at batch 1 (unclamped)."""
+        return self.batches[0].verify_extra()
 
 
 def time_call(fn, setup, *, repeats: int, warmup: int, device: str) -> Timing:
@@ -168,6 +227,69 @@ def target_forward(target, ctx: Context, n: int, cache) -> torch.Tensor:
     return out.logits[0]
 
 
+def expand_cache(cache, batch: int):
+    """A copy of a batch-1 transformers cache holding `batch` copies of it (KV and linear-attention states)."""
+    out = copy.deepcopy(cache)
+    if batch > 1:
+        out.reorder_cache(torch.zeros(batch, dtype=torch.long, device=_cache_device(cache)))
+    return out
+
+
+def _cache_device(cache):
+    for layer in cache.layers:
+        for name in ("keys", "recurrent_states"):
+            value = getattr(layer, name, None)
+            value = next((v for v in value.values() if v is not None), None) if isinstance(value, dict) else value
+            if isinstance(value, torch.Tensor):
+                return value.device
+    return "cpu"
+
+
+@torch.no_grad()
+def batched_target_forward(target, ids: torch.Tensor, cache) -> torch.Tensor:
+    """ids: [B, n] new tokens of B sequences through the target on a batch-B `cache` -> logits [B, n, V]."""
+    kw = _cache_kwarg(target.model)
+    return target(input_ids=ids, use_cache=True, logits_to_keep=ids.shape[1], **{kw: cache}).logits
+
+
+@dataclass(frozen=True)
+class HeadKv:
+    """The head's KV for B sequences, each its own copy of rows 0..P-1, with one free slot (P) for the new row."""
+
+    keys: torch.Tensor  # [B, nkv, P + 1, d]
+    values: torch.Tensor  # [B, nkv, P + 1, d]
+
+
+def head_kv(rows, prefix: int, batch: int) -> HeadKv:
+    keys = rows.keys[:, :prefix]  # [nkv, P, d]
+    nkv, _, d = keys.shape
+    out = HeadKv(keys=keys.new_zeros(batch, nkv, prefix + 1, d), values=keys.new_zeros(batch, nkv, prefix + 1, d))
+    out.keys[:, :, :prefix] = keys[None]
+    out.values[:, :, :prefix] = rows.values[None, :, :prefix]
+    return out
+
+
+@torch.no_grad()
+def batched_draft_step(head, kv: HeadKv, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor):
+    """One draft step for B sequences: row (hidden[b], tokens[b]) at positions[b], attending to sequence b's
+    rows 0..P-1 and itself (its key and value written into slot P of kv, in place).
+
+    hidden: [B, H], tokens: [B], positions: [B] -> (states [B, H], argmax ids [B], their log-softmax [B]);
+    row b equals MtpHead.decode_step of that row alone (tests/test_probe.py)."""
+    from .mtp import LOGITS_BUDGET
+
+    P = kv.keys.shape[2] - 1
+    z = head.fc_input(hidden, tokens.to(head.device))
+    query, gate, key, value = head.attention_inputs(z, positions.to(head.device))  # query [nh, B, d], key [nkv, B, d]
+    kv.keys[:, :, P] = key.transpose(0, 1)
+    kv.values[:, :, P] = value.transpose(0, 1)
+    attn = F.scaled_dot_product_attention(query.transpose(0, 1)[:, :, None], kv.keys, kv.values, enable_gqa=True,
+                                          scale=head.geometry.head_dim ** -0.5)  # [B, nh, 1, d]
+    states = head.finish_row(z, attn[:, :, 0].transpose(0, 1), gate)
+    ids, lps = head._argmax_chunked(states, LOGITS_BUDGET)
+    return states, ids, lps
+
+
 @torch.no_grad()
 def probe(
     model_dir: str | Path,
@@ -179,6 +301,7 @@ def probe(
     repeats: int = 20,
     warmup: int = 3,
     seed: int = 0,
+    batch: tuple[int, ...] = (1,),
 ) -> ProbeResult:
     if context < 2:
         raise OptionError(f"--context {context}: expected at least 2 tokens")
@@ -186,32 +309,44 @@ def probe(
         raise OptionError(f"--k {k}: expected at least 1")
     if repeats < 1:
         raise OptionError(f"--repeats {repeats}: expected at least 1")
+    if not batch or min(batch) < 1:
+        raise OptionError(f"--batch {','.join(map(str, batch))}: expected batch sizes >= 1")
+    batch = tuple(sorted(set(batch) | {1}))
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     loaded = load_model(model_dir, device=device, dtype=torch_dtype)
     info, target, head = loaded.info, loaded.target, loaded.head
 
-    # 1. `context` random tokens into the target's cache and the head's KV.
+    # 1. `context` random tokens into the target's cache and the head's KV (once).
     ctx = fill_context(loaded, context, k, seed)
-    ids, cache, hidden, rows = ctx.ids, ctx.cache, ctx.hidden, ctx.rows
+    generator = torch.Generator().manual_seed(seed + 1)
+    vocab = info.geometry.vocab_size
 
-    # 2. One draft step: row context-1 = (h_{context-1}, x_context) at position context-1, seeing rows
-    #    0..context-2 and itself, then the argmax over the lm_head.
-    draft_inputs = (hidden[context - 1 : context], ids[context : context + 1],
-                    torch.tensor([context - 1], device=device))
-    draft = time_call(lambda _: head.decode_step(rows, context - 1, *draft_inputs), lambda: None,
-                      repeats=repeats, warmup=warmup, device=device)
+    def at(B: int) -> BatchTiming:
+        # 2. B copies of the context, built outside every timed region; different new tokens per sequence.
+        cache = expand_cache(ctx.cache, B)
+        new_ids = torch.randint(0, vocab, (B, k + 1), generator=generator).to(device)
+        kv = head_kv(ctx.rows, context - 1, B)
+        hidden = ctx.hidden[context - 1 :].expand(B, -1).contiguous()
+        positions = torch.full((B,), context - 1, device=device)
 
-    # 3. One target decode step and one verify of K+1 tokens, each on a fresh copy of the context's cache.
-    def fresh_cache():
-        return copy.deepcopy(cache)
+        # 3. One draft step: row context-1 = (h_{context-1}, x_context) of each sequence at position context-1,
+        #    seeing its rows 0..context-2 and itself, then the argmax over the lm_head.
+        draft = time_call(lambda _: batched_draft_step(head, kv, hidden, new_ids[:, 0], positions), lambda: None,
+                          repeats=repeats, warmup=warmup, device=device)
 
-    decode = time_call(lambda c: target_forward(target, ctx, 1, c), fresh_cache, repeats=repeats, warmup=warmup,
-                       device=device)
-    verify = tuple(time_call(lambda c, n=K + 1: target_forward(target, ctx, n, c), fresh_cache, repeats=repeats,
-                             warmup=warmup, device=device)
-                   for K in range(1, k + 1))
+        # 4. One target decode step and one verify of K+1 tokens per sequence, each on a fresh copy of the cache.
+        def fresh():
+            return copy.deepcopy(cache)
 
+        decode = time_call(lambda c: batched_target_forward(target, new_ids[:, :1], c), fresh, repeats=repeats,
+                           warmup=warmup, device=device)
+        verify = tuple(time_call(lambda c, n=K + 1: batched_target_forward(target, new_ids[:, :n], c), fresh,
+                                 repeats=repeats, warmup=warmup, device=device) for K in range(1, k + 1))
+        del cache, kv
+        return BatchTiming(batch=B, draft_step=draft, target_decode=decode, verify=verify)
+
+    batches = tuple(at(B) for B in batch)
     notes = []
     if device == "cpu":
         notes.append(CPU_NOTE)
@@ -220,16 +355,25 @@ def probe(
         if missing:
             notes.append(f"{' and '.join(missing)} not installed: the target's linear-attention layers ran transformers' "
                          "reference kernels, so the decode step may be slower than in serving and c too small")
-    notes.append("the draft step concatenates the head's KV (as MtpHead.decode_step does); a serving engine writes "
-                 "it in place, so the measured draft step may run slightly long at large contexts")
+    notes.append("the target runs transformers' eager attention and a DynamicCache (no paged KV, no CUDA graphs): "
+                 "a serving engine's steps are faster, the small-batch ones most")
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else (platform.processor() or platform.machine())
     return ProbeResult(
         model={"path": str(info.path), "model_type": info.model_type, "config_sha256": info.config_sha256,
                "numerics": info.numerics(torch_dtype)},
         device=device, device_name=name, dtype=str(torch_dtype).removeprefix("torch."), context=context, k=k,
-        repeats=repeats, warmup=warmup, draft_step=draft, target_decode=decode, verify=verify,
+        repeats=repeats, warmup=warmup, batches=batches,
         roofline=roofline_at(take_inventory(info), torch_dtype), notes=tuple(notes),
     )
+
+
+def _timing_json(t: Timing) -> dict:
+    return {"median_s": t.median_s, "samples_s": list(t.samples_s)}
+
+
+def _verify_json(b: BatchTiming) -> list[dict]:
+    return [{"k": K, "tokens": K + 1, "median_s": t.median_s, "samples_s": list(t.samples_s), "extra": extra}
+            for K, (t, extra) in enumerate(zip(b.verify, b.verify_extra()), start=1)]
 
 
 def probe_json(result: ProbeResult) -> dict:
@@ -253,11 +397,11 @@ def probe_json(result: ProbeResult) -> dict:
         "warmup": result.warmup,
         "timings_s": {"draft_step": result.draft_step.median_s, "target_decode": result.target_decode.median_s},
         "samples_s": {"draft_step": list(result.draft_step.samples_s), "target_decode": list(result.target_decode.samples_s)},
-        "verify": [
-            {"k": K, "tokens": K + 1, "median_s": t.median_s, "samples_s": list(t.samples_s), "extra": extra}
-            for K, (t, extra) in enumerate(zip(result.verify, result.verify_extra()), start=1)
-        ],
+        "verify": _verify_json(result.batches[0]),
         "draft_cost": result.draft_cost,
+        "batch_sizes": [b.batch for b in result.batches],
+        "batches": [{"batch": b.batch, "target_decode": _timing_json(b.target_decode), "draft_step": _timing_json(b.draft_step),
+                     "verify": _verify_json(b), "draft_cost": b.draft_cost, "flags": b.flags()} for b in result.batches],
         "roofline": result.roofline,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__},

@@ -71,11 +71,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 
+from .cost import (
+    DEFAULT_BATCHES, DEFAULT_DEVICE, ExpertCounts, Geometry, StepTimes, batch1_times, batch_speedup, best_k, break_even,
+    check_schedule, expected_distinct, parse_device, parse_gated, roofline_times, schedule, step_times_from_probe,
+)
 from .errors import OptionError, RunDirectoryError
 from .metrics import (
     CALIBRATION_TOLERANCE, MIN_SESSIONS_FOR_BOOTSTRAP, MIN_SESSIONS_FOR_VERDICT, MIN_SUPPORT, MIN_TURNS_FOR_BOOTSTRAP,
-    LL_FLOOR, RATE_FIELDS, Z_MAX, Counts, Rates, best_fit, best_k, bootstrap_weights, expected_decode_steps, fits, nanmean,
-    percentile_interval, rates, simulate_decode, stratified_weights,
+    LL_FLOOR, RATE_FIELDS, Z_MAX, Counts, Rates, best_fit, bootstrap_weights, decode_walk, expected_decode_steps, fits,
+    nanmean, percentile_interval, rates, stratified_weights, top_k,
 )
 from .tables import SEGMENTS, _one_line, _run_error, read_manifest
 
@@ -84,7 +88,7 @@ REPORT_VERSION = 2  # the "report_version" of report_json; bump on an incompatib
 CONTEXT_BINS = ((0, 4096, "0-4k"), (4096, 16384, "4k-16k"), (16384, 32768, "16k-32k"), (32768, 65536, "32k-64k"),
                 (65536, None, "64k+"))  # [lo, hi) of the anchor position p
 FIT_STATS = ("support", "q", "q2", "var", "ll")
-PROBE_VERSION = 1  # the "probe_version" probe.json carries (written by probe.py)
+PROBE_VERSION = 2  # the "probe_version" probe.json carries (written by probe.py; 2 added batch_sizes and batches)
 MAX_REPLICATES = 100_000  # bootstrap weights are [replicates, sessions] float64: past this, memory, not accuracy
 # Rounding the replay can leave in a correct value: a float32 log-softmax of a near-certain token is
 # logit - logsumexp with both ~|50| (relative error 6e-8 each); sampler probabilities are float32 softmaxes.
@@ -682,7 +686,20 @@ def read_probe(path: str | Path) -> dict:
         isinstance(v, dict) and isinstance(v.get("k"), int) and _finite(v.get("extra")) for v in verify)
     if not ok:
         raise OptionError(f"--probe {path}: draft_cost or verify is missing or not numeric; re-run `mtp-observe probe`")
+    if probe["probe_version"] >= 2 and not _batches_ok(probe.get("batches")):
+        raise OptionError(f"--probe {path}: batches is missing or not numeric (probe_version 2); re-run `mtp-observe probe`")
     return probe
+
+
+def _batches_ok(batches) -> bool:
+    def timing(t) -> bool:
+        return isinstance(t, dict) and _finite(t.get("median_s")) and t["median_s"] > 0
+
+    return isinstance(batches, list) and len(batches) > 0 and all(
+        isinstance(b, dict) and isinstance(b.get("batch"), int) and b["batch"] >= 1 and timing(b.get("target_decode"))
+        and timing(b.get("draft_step")) and isinstance(b.get("verify"), list) and all(timing(v) and isinstance(v.get("k"), int)
+                                                                                    for v in b["verify"])
+        for b in batches) and len({b["batch"] for b in batches}) == len(batches)
 
 
 def _finite(x) -> bool:
@@ -1052,14 +1069,21 @@ class Report:
     drafter: str = "mtp"  # the drafter these slices and the verdict are of
     drafters: tuple["DrafterSummary", ...] = ()  # every drafter of the run, run.json order (summarize_drafters)
     ranking: tuple["Rank", ...] = ()  # the drafters by speedup at their best K, best first
+    batch: "BatchSpeedup | None" = None  # speedup by batch size (section 8); the slices' cost is at batch.binding
+
+    @property
+    def serve_k(self) -> int:
+        """The K to serve with at the gated batch size: best_k when its speedup beats 1, else 0 (no speculation)."""
+        return best_k(self.overall.value.speedup)
 
 
 def tally(run: Run, row_group: np.ndarray, n_groups: int, span_group: np.ndarray | None, steps: np.ndarray,
-          expected: np.ndarray | None = None) -> Counts:
+          expected: np.ndarray | None = None, step_accepted: np.ndarray | None = None) -> Counts:
     """Counts per group: row_group [R] and span_group [N] (None: spans not counted, τ_sim NaN) -> Counts [G, ...].
 
     steps: [N, K] simulated decode steps of each span at K = 1..Kmax; expected: [N, P, K] the what-if
-    expected steps per profile (None: zeros).
+    expected steps per profile (None: zeros); step_accepted: [N, K, K] the walk's per-position counts at
+    each draft length (simulated_walks; None: zeros).
     """
     K, P = run.k, len(run.profiles)
     r = run.rows
@@ -1089,6 +1113,7 @@ def tally(run: Run, row_group: np.ndarray, n_groups: int, span_group: np.ndarray
         expected_steps=per_span(expected if expected is not None else np.zeros((N, P, K))),
         fit_tokens=per_span(run.spans.fit_tokens.astype(np.float64)).astype(np.int64),
         fit_support=fit[:, 0, :], fit_q=fit[:, 1, :], fit_q2=fit[:, 2, :], fit_var=fit[:, 3, :], fit_ll=fit[:, 4, :],
+        step_accepted=per_span(step_accepted if step_accepted is not None else np.zeros((N, K, K))).astype(np.int64),
     )
 
 
@@ -1096,10 +1121,23 @@ def simulated_steps(run: Run) -> np.ndarray:
     """[N, K] steps of the simulated decode of every span at K = 1..Kmax: with the draft made for K itself where a
     drafter's draft at K is not the first K tokens of its draft at Kmax (run.accepted_len_by_k), so τ_sim(K) is
     exact at every K."""
+    return simulated_walks(run)[0]
+
+
+def simulated_walks(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """([N, K] steps, [N, K, K] step_accepted) of the simulated decode of every span at draft length K = 1..Kmax
+    (the draft made for K where run.accepted_len_by_k has one): step_accepted[n, K-1, k-1] counts the walk's steps
+    that accept depth k (0 for k > K), as vLLM counts them."""
     span_len = run.spans.end - run.spans.start
+    N, Kmax = len(span_len), run.k
     by_k = run.accepted_len_by_k
-    return np.stack([simulate_decode(run.accepted_len if by_k is None else by_k[:, k - 1], span_len, k)
-                     for k in range(1, run.k + 1)], axis=-1)
+    steps = np.zeros((N, Kmax), dtype=np.int64)
+    step_accepted = np.zeros((N, Kmax, Kmax), dtype=np.int64)
+    for k in range(1, Kmax + 1):
+        walk = decode_walk(run.accepted_len if by_k is None else by_k[:, k - 1], span_len, k)
+        steps[:, k - 1] = walk.steps
+        step_accepted[:, k - 1, :k] = walk.step_accepted
+    return steps, step_accepted
 
 
 def what_if_steps(run: Run) -> np.ndarray:
@@ -1190,7 +1228,7 @@ def summarize(
     """Every metric, slice, interval, the recording sampler and the verdict for one run (ACCEPTANCE.md, 'Metrics')."""
     assert replicates >= 1, replicates
     S, K, N = len(run.sessions), run.k, len(run.spans.start)
-    steps = simulated_steps(run)
+    steps, step_accepted = simulated_walks(run)
     expected = what_if_steps(run)
     plan = resampling_for(run, replicates, seed)
     r = run.rows
@@ -1200,7 +1238,7 @@ def summarize(
     def family(row_group: np.ndarray, G: int, span_group: np.ndarray | None) -> tuple[Counts, Counts]:
         """Counts [N, G, ...] per span and group, and [S, G, ...] per session."""
         counts = tally(run, row_span * G + row_group, N * G,
-                       np.arange(N) * G + span_group if span_group is not None else None, steps, expected)
+                       np.arange(N) * G + span_group if span_group is not None else None, steps, expected, step_accepted)
         counts = Counts(**{f: v.reshape((N, G) + v.shape[1:]) for f, v in vars(counts).items()})
         return counts, _to_sessions(counts, run)
 
@@ -1243,7 +1281,7 @@ def summarize(
 
     # 5. The recording sampler, the best K (by τ_sim's speedup) and the verdict.
     recording = recording_sampler(run, overall.value, recorded_with, min_support)
-    k = best_k(overall.value.speedup)
+    k = top_k(overall.value.speedup)
     verdict = judge(overall, k, gate, recording, str(run.manifest.get("status", "unknown")), S, plan)
     notes = list(run.notes) + ([plan.note] if plan.note else []) + context_notes(run) + list(cost.notes)
     return Report(
@@ -1379,18 +1417,19 @@ def rank_drafters(summaries: tuple[DrafterSummary, ...], level: float = 0.95) ->
     return tuple(out)
 
 
-def summarize_drafters(report: Report, run: Run, base_cost: Cost, **options) -> Report:
+def summarize_drafters(report: Report, run: Run, table: "CostTable", **options) -> Report:
     """The judged drafter's report with every drafter of the run summarised beside it (each its own rows, its own
-    cost, the same resamples) and ranked."""
+    cost at the batch size the judged one's verdict binds at, the same resamples) and ranked."""
     from dataclasses import replace
 
+    at = report.batch.binding if report.batch is not None else 1
     summaries = []
     for name in run.drafters:
         if name == run.drafter:
             other, other_run = report, run
         else:
             other_run = load_run(run.path, name)
-            other = summarize(other_run, drafter_cost(base_cost, name), **options)
+            other = summarize(other_run, drafter_table(table, name).cost_at(at), **options)
         summaries.append(drafter_summary(other, per_k=other_run.accepted_len_by_k is not None, judged=name == run.drafter))
     summaries = tuple(summaries)
     notes = list(report.notes)
@@ -1440,6 +1479,7 @@ class Comparison:
 
 _PROFILE_FIELDS = ("tau_profile", "speedup_profile")  # [P, K]
 _SCALAR_FIELDS = ("on_policy",)
+_SQUARE_FIELDS = ("per_position_acceptance",)  # [K, K]: draft length K, position k
 
 
 def _restrict(r: Rates, k: int, profile_index: list[int]) -> Rates:
@@ -1448,6 +1488,8 @@ def _restrict(r: Rates, k: int, profile_index: list[int]) -> Rates:
             return a
         if field in ("support", "calibration", "fit_z", "log_likelihood"):
             return a[..., profile_index]
+        if field in _SQUARE_FIELDS:
+            return a[..., :k, :k]
         a = a[..., :k]
         return a[..., profile_index, :] if field in _PROFILE_FIELDS else a
 
@@ -1480,6 +1522,8 @@ def _metric_label(field: str, index: tuple) -> str:
         return "on_policy"
     if field in ("tau_profile", "speedup_profile"):
         return f"{field}[{index[0]}]@K={index[1] + 1}"
+    if field in _SQUARE_FIELDS:
+        return f"{field}@K={index[0] + 1},k={index[1] + 1}"
     return f"{field}@{'k' if field in ('alpha', 'accept_rate') else 'K'}={index[0] + 1}"
 
 
@@ -1562,6 +1606,241 @@ def compare(current: Report, baseline: Report) -> Comparison:
 
 
 # ---------------------------------------------------------------------------------------------
+# 5b. Speedup by batch size (cost.py computes; here the run's numbers meet it)
+#
+# The cost table (`cost_table`): --probe with batch sizes (probe.json version 2) measured; else, unless
+# --draft-cost or a version-1 probe gives batch 1 only, the roofline on --device-spec (default h100) from
+# the run's geometry (run.json model.cost_geometry, else the checkpoint at model.path) at --context tokens
+# per sequence (default: the run's mean anchor position, the context a drafted token sees), routed experts
+# from the run's router sums when it has them. speedup(K, B) then takes the overall τ_sim(K) and its
+# bootstrap replicates through cost.batch_speedup: the intervals are τ_sim's, the cost being fixed.
+# The gate (--batch B or LO-HI) is judged at each gated batch size by the same rules as at batch 1
+# (judge); the report's slices, best K and verdict are at the binding one: the worst verdict, then the
+# lowest lower bound.
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """The run's step times at each batch size, and where they came from."""
+
+    times: StepTimes
+    legacy: Cost | None  # the batch-1 Cost of a batch-1-only source (resolve_cost), kept exact
+    context: float | None  # the roofline's context per sequence (None: measured or batch 1 only)
+    experts: dict | None  # MoE roofline: distinct experts per layer, measured and expected (JSON `batch.experts`)
+    k_max: int  # the run's Kmax: v_B(K) for K = 1..k_max
+
+    def cost_at(self, b: int) -> Cost:
+        """The slices' Cost at batch size b: c_B and v_B(K), K = 1..Kmax."""
+        if self.legacy is not None and b == 1:
+            return self.legacy
+        t = self.times
+        i = t.index(b)
+        return Cost(c=float(t.draft_cost()[i]), verify_extra=t.verify_extra(self.k_max)[i], source=t.source,
+                    detail=f"{t.detail}; at batch {b}", notes=t.notes + t.flags)
+
+
+def drafter_table(table: CostTable, drafter: str) -> CostTable:
+    """The cost table one drafter pays (drafter_cost at every batch size): ngram and suffix draft on the CPU, so
+    their draft step is 0 at every B; the verify steps are every drafter's."""
+    if drafter not in MODEL_FREE_DRAFTERS or (table.legacy is not None and table.legacy.source == "model-free"):
+        return table
+    from dataclasses import replace
+
+    t = table.times
+    times = replace(t, draft=np.zeros_like(t.draft), detail=f"{t.detail}; {drafter} drafts on the CPU: t_draft = 0")
+    return replace(table, times=times, legacy=drafter_cost(table.legacy, drafter) if table.legacy is not None else None)
+
+
+def run_context(run: Run) -> float:
+    """The mean anchor position: the tokens before a drafted position, the context its step reads."""
+    first = run.rows.depth == 1
+    return float(run.rows.pos[first].mean()) if first.any() else 0.0
+
+
+def run_geometry(run: Run) -> tuple[Geometry | None, str | None]:
+    """The roofline's geometry: run.json model.cost_geometry, else the checkpoint at model.path; or why not."""
+    model = run.manifest.get("model") or {}
+    stored = model.get("cost_geometry")
+    if isinstance(stored, dict):
+        try:
+            return Geometry.from_dict(stored), None
+        except (TypeError, ValueError) as e:
+            return None, f"run.json model.cost_geometry is unreadable ({_one_line(e)})"
+    where = model.get("path")
+    if where and Path(where).is_dir():
+        from .checkpoint import read_checkpoint
+        from .cost import geometry_of_checkpoint
+        from .errors import CheckpointError
+
+        try:
+            return geometry_of_checkpoint(read_checkpoint(where)), None
+        except (CheckpointError, OSError, KeyError, ValueError) as e:
+            return None, f"run.json has no model.cost_geometry and the checkpoint at {where} cannot be read ({_one_line(e)})"
+    return None, f"run.json has no model.cost_geometry and the checkpoint at {where or '?'} is not here"
+
+
+def run_expert_counts(run: Run) -> ExpertCounts | None:
+    """The run's router window sums (requests.parquet `routing`, tables.py), summed over sessions; None without."""
+    path = run.path / "requests.parquet"
+    try:
+        if "routing" not in pads.dataset(str(path), format="parquet").schema.names:
+            return None
+    except (pa.ArrowException, OSError):
+        return None
+    column = read_dataset(path, ["routing"], str(run.manifest.get("status"))).column("routing").to_pylist()
+    sums = [r for r in column if r is not None]
+    if not sums:
+        return None
+    shape = (sums[0]["q_max"], sums[0]["layers"], sums[0]["experts"])
+    windows, hits = np.zeros(shape[0], dtype=np.int64), np.zeros(shape, dtype=np.int64)
+    for r in sums:
+        if (r["q_max"], r["layers"], r["experts"]) != shape or len(r["windows"]) != shape[0] or \
+                len(r["hits"]) != shape[0] * shape[1] * shape[2]:
+            raise _run_error(path, "routing sums of different shapes (or cut short); the run directory is inconsistent, "
+                                   "re-run replay")
+        windows += np.asarray(r["windows"], dtype=np.int64)
+        hits += np.asarray(r["hits"], dtype=np.int64).reshape(shape)
+    return ExpertCounts(windows=windows, hits=hits, sessions=len(sums))
+
+
+def cost_table(run: Run, *, probe: str | Path | None = None, draft_cost: float | None = None,
+               device_spec: str | None = None, context: float | None = None,
+               batch_sizes: tuple[int, ...] = DEFAULT_BATCHES) -> CostTable:
+    """The step times at each batch size for this run (the rules at the top of this section)."""
+    if device_spec is not None and (probe is not None or draft_cost is not None):
+        raise OptionError("--device-spec sets the roofline's device, but --probe/--draft-cost give a measured or fixed "
+                          "cost: pass one of them")
+    batch_sizes = tuple(sorted(set(batch_sizes) | {1}))
+    if probe is not None or draft_cost is not None:
+        legacy = resolve_cost(run, probe, draft_cost)  # its checks and notes (CPU, another model, dtype)
+        data = read_probe(probe) if probe is not None else None
+        if data is not None and data["probe_version"] >= 2:
+            times = step_times_from_probe(data, str(probe))
+            times = StepTimes(**{**times.__dict__, "notes": tuple(dict.fromkeys(legacy.notes + times.notes))})
+            return CostTable(times=times, legacy=None, context=None, experts=None, k_max=run.k)
+        why = ("--draft-cost gives batch 1 only" if data is None else
+               "the probe (probe_version 1) measured batch 1 only; re-run `mtp-observe probe --batch 1,2,4,...`")
+        times = batch1_times(legacy.c, legacy.verify_extra, legacy.source, legacy.detail, legacy.notes + (why,))
+        return CostTable(times=times, legacy=legacy, context=None, experts=None, k_max=run.k)
+    geometry, why = run_geometry(run)
+    if geometry is None:
+        legacy = resolve_cost(run)
+        times = batch1_times(legacy.c, legacy.verify_extra, legacy.source, legacy.detail,
+                             legacy.notes + (f"{why}: the cost table has batch 1 only (the bytes ratio); re-run replay, or "
+                                             "pass --probe with batch sizes",))
+        return CostTable(times=times, legacy=legacy, context=None, experts=None, k_max=run.k)
+    device = parse_device(device_spec or DEFAULT_DEVICE)
+    ctx = run_context(run) if context is None else float(context)
+    experts = run_expert_counts(run) if geometry.moe_layers else None
+    times = roofline_times(geometry, device, batch_sizes, run.k + 1, ctx, experts)
+    notes = list(times.notes)
+    if device_spec is None:
+        notes.append(f"the roofline is on the default device ({DEFAULT_DEVICE}); --device-spec names yours")
+    if geometry.moe_layers and experts is None:
+        notes.append("the run has no router sums (a run written before they were recorded): routed experts are charged "
+                     "at the expected E(1-(1-k/E)^N), which assumes uniform, independent routing")
+    info = None
+    if geometry.moe_layers:
+        info = {"source": "router" if experts is not None else "formula", "experts": geometry.experts,
+                "top_k": geometry.top_k, "sessions": experts.sessions if experts is not None else 0,
+                "windows": experts.windows.tolist() if experts is not None else None,
+                "q": list(range(1, run.k + 2)),
+                "measured": None if experts is None else [[experts.distinct(b, q) for q in range(1, run.k + 2)]
+                                                          for b in batch_sizes],
+                "formula": [[expected_distinct(geometry.experts, geometry.top_k, b * q) for q in range(1, run.k + 2)]
+                            for b in batch_sizes]}
+    times = StepTimes(**{**times.__dict__, "notes": tuple(notes)})
+    return CostTable(times=times, legacy=None, context=ctx, experts=info, k_max=run.k)
+
+
+@dataclass(frozen=True)
+class BatchSpeedup:
+    """speedup(K, B) over the cost table's batch sizes, the best K at each, break-even τ and vLLM's schedule."""
+
+    table: CostTable
+    value: np.ndarray  # [NB, K] from the token-weighted τ_sim(K)
+    lo: np.ndarray | None  # [NB, K] the bootstrap bounds (τ_sim's replicates through the same formula)
+    hi: np.ndarray | None
+    best_k: tuple[int, ...]  # [NB] argmax over K; 0 where no K beats 1
+    break_even: np.ndarray  # [NB, K] the τ_sim(K) at which speedup(K, B) = 1
+    schedule: tuple[tuple[int, int, int], ...]  # num_speculative_tokens_per_batch_size
+    gated: tuple[int, ...]  # the batch sizes the gate is judged at
+    binding: int  # the gated batch size whose verdict is the report's (its slices' cost)
+    verdicts: tuple[Verdict, ...]  # [len(gated)]
+
+    @property
+    def times(self) -> StepTimes:
+        return self.table.times
+
+    @property
+    def schedule_text(self) -> str:
+        return "[" + ", ".join(f"[{a}, {b}, {k}]" for a, b, k in self.schedule) + "]"
+
+    @property
+    def speculative_config(self) -> dict | None:
+        """vLLM's --speculative-config for the schedule (method "mtp", research A1); None when nothing pays anywhere."""
+        k_max = max(k for _, _, k in self.schedule)
+        if k_max == 0:
+            return None
+        return {"method": "mtp", "num_speculative_tokens": k_max,
+                "num_speculative_tokens_per_batch_size": [list(r) for r in self.schedule]}
+
+
+def batch_speedups(report: Report, table: CostTable, gated: tuple[int, int]) -> BatchSpeedup:
+    """The table over batch sizes from the report's overall τ_sim, and the gate at each gated batch size."""
+    times, o = table.times, report.overall
+    value = batch_speedup(o.value.tau_sim, times)  # [NB, K]
+    lo = hi = None
+    if o.replicates is not None:
+        lo, hi = percentile_interval(batch_speedup(o.replicates.tau_sim, times), report.level)
+    best = tuple(best_k(value[i]) for i in range(len(times.batch)))
+    ranges = schedule(times.batch, list(best))
+    check_schedule(ranges, max(best) if max(best) > 0 else 0)
+    lo_b, hi_b = gated
+    chosen = tuple(b for b in times.batch if lo_b <= b <= hi_b)
+    if not chosen:
+        raise OptionError(f"--batch {lo_b}{'' if hi_b == lo_b else f'-{hi_b}'}: the cost table ({times.source}) has batch "
+                          f"sizes {', '.join(map(str, times.batch))}; choose among them")
+    verdicts = tuple(judge_at(report, value, lo, hi, times.batch.index(b), b if chosen != (1,) else None) for b in chosen)
+    severity = {"UNRELIABLE": 0, "NO-GO": 1, "GO": 2}
+    worst = min(range(len(chosen)), key=lambda i: (severity[verdicts[i].status],
+                                                   verdicts[i].lower if math.isfinite(verdicts[i].lower) else -math.inf))
+    return BatchSpeedup(table=table, value=value, lo=lo, hi=hi, best_k=best, break_even=break_even(times, report.k),
+                        schedule=tuple(tuple(r) for r in ranges), gated=chosen, binding=chosen[worst], verdicts=verdicts)
+
+
+def judge_at(report: Report, value: np.ndarray, lo: np.ndarray | None, hi: np.ndarray | None, i: int,
+             b: int | None) -> Verdict:
+    """The verdict with speedup(K, B) of row i in place of the slices' speedup (the same rules: judge); the reason
+    names the batch size b (None: the default batch 1, said nowhere)."""
+    from dataclasses import replace
+
+    o = report.overall
+    overall = replace(o, value=replace(o.value, speedup=value[i]),
+                      lo=replace(o.lo, speedup=lo[i]) if o.lo is not None and lo is not None else o.lo,
+                      hi=replace(o.hi, speedup=hi[i]) if o.hi is not None and hi is not None else o.hi)
+    v = judge(overall, top_k(value[i]), report.verdict.gate if report.verdict.enforced else None, report.recording,
+              str(report.manifest.get("status", "unknown")), len(report.sessions), report.resampling)
+    return v if b is None else replace(v, reason=f"at batch {b}: {v.reason}")
+
+
+def summarize_at_batch(run: Run, table: CostTable, gated: tuple[int, int], **options) -> Report:
+    """summarize at the binding gated batch size, with the batch table attached (the section's rules)."""
+    from dataclasses import replace
+
+    first = next((b for b in table.times.batch if gated[0] <= b <= gated[1]), 1)
+    report = summarize(run, table.cost_at(first), **options)
+    batch = batch_speedups(report, table, gated)
+    if batch.binding != first:
+        report = summarize(run, table.cost_at(batch.binding), **options)
+    verdict = batch.verdicts[batch.gated.index(batch.binding)]
+    notes = list(report.notes)
+    if len(table.times.batch) == 1 and gated[1] > 1:
+        notes.append(f"--batch {gated[0]}-{gated[1]}: the cost table has batch 1 only, so the gate is judged there")
+    return replace(report, batch=batch, verdict=verdict, notes=tuple(notes))
+
+
+# ---------------------------------------------------------------------------------------------
 # 6. The whole command: read, cost, summarise, compare
 
 
@@ -1585,6 +1864,10 @@ def read_and_summarize(
     replicates: int = 1000,
     seed: int = 0,
     root: str | Path = "reports",
+    batch: str = "1",
+    batch_sizes: tuple[int, ...] | None = None,
+    device_spec: str | None = None,
+    context: float | None = None,
     loaded: Run | None = None,
 ) -> Reading:
     """What `mtp-observe report` computes. The run defaults to the newest under root. An explicit cost
@@ -1592,18 +1875,32 @@ def read_and_summarize(
     otherwise each run uses its own roofline. --recorded-with applies to the current run only.
 
     drafter (--drafter): whose rows the slices, the verdict and the baseline comparison are of (default: mtp when
-    the run has it, else its first drafter); every drafter of the run is summarised and ranked beside it."""
+    the run has it, else its first drafter); every drafter of the run is summarised and ranked beside it, at the
+    same batch size.
+
+    batch ('B' or 'LO-HI') is where the gate is judged (section 8): the slices, the best K and the verdict
+    are at that batch size (for a range, at the one whose verdict is worst); batch_sizes, device_spec and
+    context shape the roofline's table."""
     if not 1 <= replicates <= MAX_REPLICATES:
         raise OptionError(f"--replicates {replicates}: expected 1 to {MAX_REPLICATES:,} bootstrap resamples")
     if seed < 0:
         raise OptionError(f"--seed {seed}: expected an integer >= 0")
     if not 0.0 <= min_support <= 1.0:
         raise OptionError(f"--min-support {min_support}: expected a rate between 0 and 1")
+    if context is not None and not (_finite(context) and context >= 0):
+        raise OptionError(f"--context {context}: expected a number of tokens >= 0")
+    lo, hi = parse_gated(batch)
+    roofline_options = [name for name, value in (("--batch-sizes", batch_sizes), ("--device-spec", device_spec),
+                                                 ("--context", context)) if value is not None]
+    if roofline_options and (probe is not None or draft_cost is not None):
+        raise OptionError(f"{' and '.join(roofline_options)} shape the roofline, but --probe/--draft-cost give a measured "
+                          "or fixed cost: pass one of them (a probe's batch sizes and context are its own: probe --batch)")
     run = loaded if loaded is not None else load_run(path if path is not None else newest_run(root), drafter)  # loaded: read already
     options = dict(replicates=replicates, seed=seed, gate=gate, min_support=min_support)
-    base_cost = resolve_cost(run, probe, draft_cost)
-    report = summarize(run, drafter_cost(base_cost, run.drafter), recorded_with=recorded_with, **options)
-    report = summarize_drafters(report, run, base_cost, recorded_with=recorded_with, **options)
+    table = cost_table(run, probe=probe, draft_cost=draft_cost, device_spec=device_spec, context=context,
+                       batch_sizes=tuple(sorted(set(batch_sizes or DEFAULT_BATCHES) | {lo, hi})))
+    report = summarize_at_batch(run, drafter_table(table, run.drafter), (lo, hi), recorded_with=recorded_with, **options)
+    report = summarize_drafters(report, run, table, recorded_with=recorded_with, **options)
     comparison = None
     if baseline is not None:
         base_manifest = read_manifest(Path(baseline))
@@ -1611,7 +1908,10 @@ def read_and_summarize(
             raise OptionError(f"--baseline {baseline}: it has no rows of {run.drafter}, the drafter judged here (it has "
                               f"{', '.join(run_drafters(base_manifest))}); pass --drafter with one both runs have")
         base_run = load_run(baseline, run.drafter)
-        base = summarize(base_run, drafter_cost(resolve_cost(base_run, probe, draft_cost), run.drafter), **options)
+        base_table = drafter_table(cost_table(base_run, probe=probe, draft_cost=draft_cost, device_spec=device_spec,
+                                              context=context, batch_sizes=table.times.batch), run.drafter)
+        b = report.batch.binding if report.batch.binding in base_table.times.batch else 1
+        base = summarize(base_run, base_table.cost_at(b), **options)
         comparison = compare(report, base)
     return Reading(run=run, report=report, comparison=comparison)
 
@@ -1628,8 +1928,10 @@ def _num(x) -> float | None:
 def rates_json(r: Rates, profiles: tuple[str, ...]) -> dict:
     """A Rates of [K] arrays -> {"alpha": [K], "accept_rate": [K], "tau": [K], "tau_sim": [K],
     "tau_profile": {profile: [K]}, "speedup": [K], "speedup_profile": {profile: [K]}, "on_policy": x,
-    "support": {profile: x}, "calibration": {profile: x}, "fit_z": {profile: x}, "log_likelihood": {profile: x}};
-    NaN -> null."""
+    "support": {profile: x}, "calibration": {profile: x}, "fit_z": {profile: x}, "log_likelihood": {profile: x},
+    "mean_acceptance_length": [K], "draft_acceptance_rate": [K], "per_position_acceptance": [K][K]} (the last three
+    engine-counted: over the simulated decode's steps at draft length K, as vLLM counts; row K-1 of
+    per_position_acceptance holds positions 1..K, then null); NaN -> null."""
     def seq(a):
         return [_num(v) for v in np.asarray(a)]
 
@@ -1642,6 +1944,8 @@ def rates_json(r: Rates, profiles: tuple[str, ...]) -> dict:
         "calibration": {p: _num(r.calibration[i]) for i, p in enumerate(profiles)},
         "fit_z": {p: _num(r.fit_z[i]) for i, p in enumerate(profiles)},
         "log_likelihood": {p: _num(r.log_likelihood[i]) for i, p in enumerate(profiles)},
+        "mean_acceptance_length": seq(r.mean_acceptance_length), "draft_acceptance_rate": seq(r.draft_acceptance_rate),
+        "per_position_acceptance": [seq(row) for row in np.asarray(r.per_position_acceptance)],
     }
 
 
@@ -1679,7 +1983,8 @@ def recording_json(rec: RecordingSampler) -> dict:
     }
 
 
-def cost_json(cost: Cost) -> dict:
+def plain_cost_json(cost: Cost) -> dict:
+    """A Cost as JSON (a drafter's own, at the gated batch size)."""
     return {"source": cost.source, "c": cost.c, "verify_extra": [float(x) for x in cost.verify_extra], "detail": cost.detail}
 
 
@@ -1692,7 +1997,7 @@ def drafters_json(report: Report) -> dict:
     for d in report.drafters:
         o, k = d.overall, d.best_k
         by[d.name] = {
-            "judged": d.judged, "per_k": d.per_k, "cost": cost_json(d.cost),
+            "judged": d.judged, "per_k": d.per_k, "cost": plain_cost_json(d.cost),
             "best": {"k": k, "speedup": _num(o.value.speedup[k - 1]),
                      "speedup_lo": _num(o.lo.speedup[k - 1]) if o.lo is not None else None,
                      "speedup_hi": _num(o.hi.speedup[k - 1]) if o.hi is not None else None,
@@ -1717,6 +2022,39 @@ def drafters_json(report: Report) -> dict:
     }
 
 
+def cost_json(report: Report) -> dict:
+    """`cost`: c and v(K) at batch 1 (as before batch sizes existed), and at the gated batch size the slices use."""
+    c, v, detail = report.cost.c, report.cost.verify_extra, report.cost.detail
+    gated = report.batch.binding if report.batch is not None else 1
+    if report.batch is not None and gated != 1:
+        one = report.batch.table.cost_at(1)
+        c, v, detail = one.c, one.verify_extra, one.detail
+    return {"source": report.cost.source, "c": float(c), "verify_extra": [float(x) for x in v], "detail": detail,
+            "batch": gated, "gated_c": float(report.cost.c), "gated_verify_extra": [float(x) for x in report.cost.verify_extra]}
+
+
+def batch_json(b: BatchSpeedup) -> dict:
+    """`batch`: speedup by batch size (README, "report JSON")."""
+    t = b.times
+
+    def grid(a):
+        return None if a is None else [[_num(x) for x in row] for row in np.asarray(a)]
+
+    return {
+        "source": t.source, "detail": t.detail, "unit": t.unit, "batch_sizes": list(t.batch), "context": b.table.context,
+        "k": list(range(1, b.value.shape[1] + 1)),
+        "speedup": grid(b.value), "speedup_lo": grid(b.lo), "speedup_hi": grid(b.hi),
+        "best_k": list(b.best_k), "break_even_tau": grid(b.break_even),
+        "draft_cost": [_num(x) for x in t.draft_cost()], "verify_extra": grid(t.verify_extra(b.value.shape[1])),
+        "target_step": grid(t.target), "draft_step": [_num(x) for x in t.draft],
+        "bound": None if t.bound is None else {"target": t.bound.tolist(), "draft": t.draft_bound.tolist()},
+        "flags": list(t.flags), "notes": list(t.notes), "experts": b.table.experts,
+        "gated": list(b.gated), "binding": b.binding,
+        "num_speculative_tokens_per_batch_size": [list(r) for r in b.schedule],
+        "speculative_config": b.speculative_config,
+    }
+
+
 def report_json(report: Report, comparison: Comparison | None = None) -> dict:
     m = report.manifest
     model = m.get("model") or {}
@@ -1736,8 +2074,7 @@ def report_json(report: Report, comparison: Comparison | None = None) -> dict:
             "k": report.k, "profiles": list(report.profiles), "sessions": len(report.sessions), "anchors": o.anchors,
             "rows": report.rows, "drafter": report.drafter, "target_ran": m.get("target_ran", True) is not False,
         },
-        "cost": {"source": report.cost.source, "c": report.cost.c,
-                 "verify_extra": [float(x) for x in report.cost.verify_extra], "detail": report.cost.detail},
+        "cost": cost_json(report),
         "bootstrap": {"replicates": report.replicates, "seed": report.seed, "level": report.level,
                       "unit": plan.unit if plan else None, "note": plan.note if plan else None},
         "k": list(range(1, report.k + 1)),
@@ -1746,13 +2083,18 @@ def report_json(report: Report, comparison: Comparison | None = None) -> dict:
             "k": k, "speedup": at(o.value, "speedup"), "speedup_lo": at(o.lo, "speedup"), "speedup_hi": at(o.hi, "speedup"),
             "tau_sim": at(o.value, "tau_sim"), "tau_sim_lo": at(o.lo, "tau_sim"), "tau_sim_hi": at(o.hi, "tau_sim"),
             "tau": at(o.value, "tau"), "tau_lo": at(o.lo, "tau"), "tau_hi": at(o.hi, "tau"),
+            "serve_k": report.serve_k, "batch": report.batch.binding if report.batch is not None else 1,
         },
         "on_policy": {"rate": _num(o.value.on_policy), "lo": _num(o.lo.on_policy) if o.lo else None,
                       "hi": _num(o.hi.on_policy) if o.hi else None, "min": v.min_support},
         "recorded_with": recording_json(report.recording) if report.recording else None,
         "verdict": {"status": v.status, "gate": v.gate.text, "enforced": v.enforced, "metric": v.gate.metric,
                     "threshold": v.gate.threshold, "k": v.k, "value": _num(v.value), "lower": _num(v.lower),
-                    "reason": v.reason, "exit_code": v.exit_code},
+                    "reason": v.reason, "exit_code": v.exit_code,
+                    "batch": report.batch.binding if report.batch is not None else 1,
+                    "batches": [{"batch": b, "status": x.status, "k": x.k, "value": _num(x.value), "lower": _num(x.lower),
+                                 "reason": x.reason} for b, x in zip(report.batch.gated, report.batch.verdicts)]
+                    if report.batch is not None else []},
         "slices": {
             "segment": [slice_json(s, report.profiles) for s in report.segments],
             "context": [slice_json(s, report.profiles) for s in report.context],
@@ -1767,6 +2109,7 @@ def report_json(report: Report, comparison: Comparison | None = None) -> dict:
             for c in report.speculative
         ],
         "drafters": drafters_json(report),
+        "batch": batch_json(report.batch) if report.batch is not None else None,
         "baseline": None if comparison is None else {
             "path": str(comparison.baseline_path), "k": comparison.k, "profiles": list(comparison.profiles),
             "sessions": {"shared": comparison.shared, "only_current": comparison.only_current,

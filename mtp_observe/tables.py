@@ -63,6 +63,8 @@ run.json:
                         run (parts: ngram, suffix, suffix_hybrid — the hybrid's deeper suffix tree) and the anchors
                         they proposed at (a resumed run counts what it drafted itself)
     counts.anchors      anchors per drafter (every drafter drafts at the same ones); counts.rows: every drafter's
+Added within version 2 (optional keys; a run without them reads as before): requests.parquet `routing`
+and run.json `model.cost_geometry`, for the speedup by batch size (cost.py).
 
 run.json keys:
     schema_version      2 (version-1 runs are read too; they lack the keys marked "v2": among them
@@ -78,7 +80,10 @@ run.json keys:
                          "roofline": {"precision", "head_bytes", "lm_head_bytes", "target_bytes", "draft_cost",
                                       "head_step_bytes", "target_step_bytes" (batch-1 step bytes: routed experts
                                       at top-k / E; added in schema 2)},
-                         "roofline_by_precision": {precision: draft_cost}}
+                         "roofline_by_precision": {precision: draft_cost},
+                         "cost_geometry": optional, the roofline's numbers (cost.Geometry: bytes and parameters by
+                                          what a step reads, attention and Gated DeltaNet dimensions), so the
+                                          report computes speedup by batch size without the checkpoint}
     tokenizer_sha256    str
     k                   Kmax replayed (int)
     dtype, device       str
@@ -116,6 +121,14 @@ requests.parquet columns added in version 2:
                         verify step's anchor p, an index into input_ids), "accepted" list<int32> (the drafts the step
                         kept, 0..k); the report sets the loop's tokens per step beside the replay's τ_sim (added
                         within version 2: a run without the column has no loop to compare)
+    routing             optional (written only for a target with MoE routers; absent otherwise and in
+                        runs written before it): struct "q_max" int32, "layers" int32 (MoE layers),
+                        "experts" int32 (E), "windows" list<int64> [q_max] and "hits" list<int32>
+                        [q_max * layers * experts] (q-major, then layer, then expert): the session's
+                        router window sums (mtp_observe/routing.py: windows of q = 1..q_max consecutive
+                        scored tokens, and how many routed a token to each expert), on the session's last
+                        request row, null on its other rows. The report's roofline reads it for the
+                        distinct experts a batch touches (cost.ExpertCounts).
 
 `replay --resume` continues a run only when model (config, head tensors, weights fingerprint,
 generation config), tokenizer, k, dtype, device, sampling, inputs (path and sha256), options
@@ -182,6 +195,8 @@ _POSITION_FIELDS = [
 
 FIT_STATISTICS = (("support", pa.int32()), ("q", pa.float64()), ("q2", pa.float64()), ("var", pa.float64()),
                   ("ll", pa.float64()))
+ROUTING = pa.struct([("q_max", pa.int32()), ("layers", pa.int32()), ("experts", pa.int32()),
+                     ("windows", pa.list_(pa.int64())), ("hits", pa.list_(pa.int32()))])
 RECORDED_SAMPLING = pa.struct([("source", pa.string()), ("temperature", pa.float64()), ("top_p", pa.float64()),
                                ("top_k", pa.int32()), ("min_p", pa.float64()), ("presence_penalty", pa.float64()),
                                ("frequency_penalty", pa.float64()), ("repetition_penalty", pa.float64())])
@@ -273,12 +288,14 @@ def write_json_atomic(path: Path, data: dict, hint: str = RESUME_HINT) -> None:
 
 
 def requests_table(session_id: str, requests, fits: list[dict] | None = None, profiles: list[str] | None = None,
-                   recorded: dict | None = None, speculative: list[dict] | None = None) -> pa.Table:
+                   recorded: dict | None = None, speculative: list[dict] | None = None,
+                   routing: dict | None = None) -> pa.Table:
     """requests: objects with index, input_ids, spans (start, end, turn). Without fits: the version-1 columns.
 
     fits: per request {"tokens": [N], "<stat>_<profile>": [N]} over its N spans; recorded: the
     recorded_sampling struct of the session (source and parameters); speculative: per request
-    {"k", "anchors", "accepted"} (sessions.speculative_steps), or None.
+    {"k", "anchors", "accepted"} (sessions.speculative_steps), or None; routing: the session's router window
+    sums (routing.RouterRecorder.take), written on its last request's row (a MoE target only).
     """
     data = {
         "session_id": [session_id] * len(requests),
@@ -294,6 +311,9 @@ def requests_table(session_id: str, requests, fits: list[dict] | None = None, pr
     data["fit"] = [[{name: _plain(fit[name][i]) for name in names} for i in range(len(r.spans))] for r, fit in zip(requests, fits)]
     data["recorded_sampling"] = [recorded] * len(requests)  # None in a model-free run (no target, no sampler)
     data["speculative"] = list(speculative) if speculative is not None else [None] * len(requests)
+    if routing is not None:
+        schema = schema.append(pa.field("routing", ROUTING))
+        data["routing"] = [None] * (len(requests) - 1) + [routing] if requests else []
     return pa.table(data, schema=schema)
 
 

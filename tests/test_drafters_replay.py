@@ -379,7 +379,10 @@ def test_the_report_ranks_every_drafter_with_its_own_cost_and_judges_the_one_ask
     for x in drafters["ranking"]:  # each at its own best K, with its own cost
         d = drafters["by_drafter"][x["drafter"]]
         assert x["k"] == d["best"]["k"] and x["speedup"] == pytest.approx(
-            d["overall"]["value"]["tau_sim"][x["k"] - 1] / (1 + x["k"] * d["cost"]["c"]))
+            d["overall"]["value"]["tau_sim"][x["k"] - 1]
+            / (1 + x["k"] * d["cost"]["c"] + d["cost"]["verify_extra"][x["k"] - 1]))
+    verify = {name: d["cost"]["verify_extra"] for name, d in drafters["by_drafter"].items()}
+    assert all(v == verify["mtp"] for v in verify.values())  # verifying K+1 tokens costs the same whoever drafted
     assert drafters["best_by_k"] == [max(ALL, key=lambda n: drafters["by_drafter"][n]["overall"]["value"]["speedup"][k])
                                      for k in range(3)]
     judged = cli("report", every_drafter, "--drafter", "suffix", "--format", "json")

@@ -262,6 +262,29 @@ def test_the_report_sets_the_loops_tokens_per_step_beside_the_replays_tau_sim_an
     assert report.recording.fits, report.recording.reason  # speculative sampling keeps the sampler's distribution
 
 
+@pytest.mark.parametrize("sampler", ["greedy", "instruct_general"])
+def test_the_loops_counters_written_as_vllm_metrics_equal_the_runs_engine_counts_and_compare_agrees(speculative_runs,
+                                                                                                    sampler, tmp_path):
+    """The loop is an engine: its kept drafts per verify step, counted as vLLM counts them (num_drafts, per_pos),
+    equal the run's engine-counted numbers (mtp_observe/engines.py) exactly, not the all-anchor rates."""
+    from mtp_observe.engines import engine_numbers
+
+    out, run = speculative_runs[sampler]
+    kept = [a for record in _records(out) for turn in record["meta"]["speculative"]["accepted"] for a in turn]
+    per_pos = [sum(a >= j for a in kept) for j in range(1, K + 1)]
+    n = engine_numbers(_report(run), K)
+    assert (n.steps, list(n.per_pos_counts)) == (len(kept), per_pos)
+    assert all(abs(a - b) > 0.01 for a, b in zip(n.per_position, n.accept_rate))  # steps follow acceptance; anchors do not
+    lines = [f'vllm:spec_decode_num_drafts_total{{engine="0"}} {len(kept)}',
+             f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {K * len(kept)}',
+             f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {sum(kept)}']
+    lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{i}"}} {v}' for i, v in enumerate(per_pos)]
+    metrics = tmp_path / "metrics.txt"
+    metrics.write_text("\n".join(lines) + "\n")
+    r = run_cli("compare", run, "--engine-metrics", metrics, "--replicates", 300)
+    assert r.returncode == 0 and "AGREES" in r.stdout, (r.stdout, r.stderr)
+
+
 def test_greedy_speculative_generation_emits_the_greedy_tokens(speculative_runs, greedy_run):
     plain = {r["id"]: r["requests"] for r in _records(greedy_run[0])}
     for record in _records(speculative_runs["greedy"][0]):

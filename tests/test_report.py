@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 
 from .handmade import HandSpan, hand_run_sessions, random_sessions, write_run
 from mtp_observe.errors import OptionError, RunDirectoryError
-from mtp_observe.metrics import Counts, rates, simulate_decode, simulate_decode_reference
+from mtp_observe.metrics import (
+    Counts, decode_walk, engine_counted, rates, simulate_decode, simulate_decode_reference, visited_anchors_reference,
+)
 from mtp_observe.presentation import column_groups
 from mtp_observe.tables import SCHEMA_VERSION
 from mtp_observe.report import (
@@ -217,14 +219,40 @@ def test_the_vectorised_decode_walk_equals_the_plain_loop(case, k):
     assert steps.tolist() == expected
 
 
+@settings(max_examples=150, deadline=None)
+@given(spans_with_accepted_lengths(), st.integers(1, 6))
+def test_the_decode_walk_visits_the_anchors_of_the_plain_loop_and_counts_their_accepted_depths(case, k):
+    lengths, accepted = case
+    walk = decode_walk(np.array(accepted, dtype=np.int64), np.array(lengths), k)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    visited, counted = [], []
+    for j in range(len(lengths)):
+        span = accepted[offsets[j] : offsets[j + 1]]
+        anchors = visited_anchors_reference(span, k)
+        visited += [int(offsets[j]) + p for p in anchors]
+        counted.append([sum(min(span[p], k) >= depth for p in anchors) for depth in range(1, k + 1)])
+    assert np.flatnonzero(walk.visited).tolist() == visited
+    assert walk.step_accepted.tolist() == counted
+
+
+def test_the_decode_walk_follows_its_worked_example_and_engine_counts_differ_from_all_anchor_rates():
+    walk = decode_walk(np.array([2, 0, 0, 1, 1]), np.array([5]), 2)
+    assert walk.steps.tolist() == [2] and walk.visited.tolist() == [True, False, False, True, False]
+    assert walk.step_accepted.tolist() == [[2, 1]]
+    per_pos, mal, dar = engine_counted(np.array([[1, 0], [2, 1]]), np.array([3, 2]))  # K = 1 (1 of 3), K = 2
+    assert per_pos[1].tolist() == [1.0, 0.5] and np.isnan(per_pos[0, 1]) and per_pos[0, 0] == 1 / 3
+    assert mal.tolist() == [1 + 1 / 3, 2.5] and dar.tolist() == [1 / 3, 3 / 4]  # 1 + Σ per_pos; accepted / (K · steps)
+
+
 def test_rates_of_empty_depths_are_nan_not_zero():
     counts = Counts(evaluable=np.array([4, 0]), on_path=np.array([4, 0]), accepted=np.array([2, 0]),
                     p_accept=np.zeros((0, 2)), on_policy=np.array(4), span_tokens=np.array(0), steps=np.array([0, 0]),
                     expected_steps=np.zeros((0, 2)), fit_tokens=np.array(0), fit_support=np.zeros(0), fit_q=np.zeros(0),
-                    fit_q2=np.zeros(0), fit_var=np.zeros(0), fit_ll=np.zeros(0))
+                    fit_q2=np.zeros(0), fit_var=np.zeros(0), fit_ll=np.zeros(0), step_accepted=np.zeros((2, 2)))
     r = rates(counts, 0.1, np.zeros(2))
     assert r.alpha[0] == 0.5 and np.isnan(r.alpha[1]) and np.isnan(r.tau[1]) and np.isnan(r.tau_sim).all()
     assert np.isnan(r.speedup).all()  # the speedup is τ_sim's
+    assert np.isnan(r.per_position_acceptance).all() and np.isnan(r.mean_acceptance_length).all()  # no steps counted
 
 
 # ---------------------------------------------------------------------------------------------
@@ -462,7 +490,7 @@ def test_conflicting_or_missing_draft_costs_are_one_line(hand_run, runs, tmp_pat
     with pytest.raises(OptionError, match="no such file"):
         resolve_cost(run, probe=tmp_path / "missing.json")
     with pytest.raises(OptionError, match="newer"):
-        resolve_cost(run, probe=_probe_file(tmp_path / "v2.json", probe_version=2))
+        resolve_cost(run, probe=_probe_file(tmp_path / "v3.json", probe_version=3))
     with pytest.raises(OptionError, match="finite number"):
         resolve_cost(run, draft_cost=float("nan"))
     bare = write_run(runs / "no-roofline", hand_run_sessions(), k=2, draft_cost=None)
@@ -476,9 +504,13 @@ def test_conflicting_or_missing_draft_costs_are_one_line(hand_run, runs, tmp_pat
 
 
 REPORT_KEYS = {"report_version", "run", "cost", "bootstrap", "k", "overall", "best", "on_policy", "recorded_with", "verdict",
-               "slices", "notes", "baseline", "speculative_check", "drafters"}
+               "slices", "notes", "baseline", "speculative_check", "drafters", "batch"}
+BATCH_KEYS = {"source", "detail", "unit", "batch_sizes", "context", "k", "speedup", "speedup_lo", "speedup_hi", "best_k",
+              "break_even_tau", "draft_cost", "verify_extra", "target_step", "draft_step", "bound", "flags", "notes",
+              "experts", "gated", "binding", "num_speculative_tokens_per_batch_size", "speculative_config"}
+COST_KEYS = {"source", "c", "verify_extra", "detail", "batch", "gated_c", "gated_verify_extra"}
 RATES_KEYS = {"alpha", "accept_rate", "tau", "tau_sim", "tau_profile", "speedup", "speedup_profile", "on_policy", "support",
-              "calibration", "fit_z", "log_likelihood"}
+              "calibration", "fit_z", "log_likelihood", "mean_acceptance_length", "draft_acceptance_rate", "per_position_acceptance"}
 RECORDED_KEYS = {"name", "label", "declared", "fits", "support", "calibration", "z", "tokens", "own_sessions", "reason",
                  "rule", "candidates"}
 
@@ -495,10 +527,11 @@ def test_the_json_has_stable_documented_keys(hand_run):
     assert set(data["slices"]) == {"segment", "context", "turn", "session"}
     assert [s["name"] for s in data["slices"]["context"]] == ["0-4k"]
     assert set(data["verdict"]) == {"status", "gate", "enforced", "metric", "threshold", "k", "value", "lower", "reason",
-                                    "exit_code"}
+                                    "exit_code", "batch", "batches"}
+    assert set(data["batch"]) == BATCH_KEYS and set(data["cost"]) == COST_KEYS
     assert set(data["recorded_with"]) == RECORDED_KEYS
     assert set(data["best"]) == {"k", "speedup", "speedup_lo", "speedup_hi", "tau_sim", "tau_sim_lo", "tau_sim_hi", "tau",
-                                 "tau_lo", "tau_hi"}
+                                 "tau_lo", "tau_hi", "serve_k", "batch"}
     assert data["best"]["tau_sim"] == pytest.approx(11 / 5)  # the verdict's τ at the best K = 2
     assert data["best"]["speedup"] == pytest.approx((11 / 5) / 1.2)
     assert data["overall"]["value"]["tau"] == pytest.approx([1 + 7 / 11, 1 + 7 / 11 + 3 / 8])
@@ -506,7 +539,8 @@ def test_the_json_has_stable_documented_keys(hand_run):
     assert data["baseline"] is None
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("### `report` JSON"):]
-    for key in REPORT_KEYS | RATES_KEYS | RECORDED_KEYS | {"context", "unit", "schema_version", "shared", "paired"}:
+    for key in (REPORT_KEYS | RATES_KEYS | RECORDED_KEYS | BATCH_KEYS | COST_KEYS
+                | {"context", "unit", "schema_version", "shared", "paired", "serve_k", "batches"}):
         assert f"`{key}`" in section, f"README's report JSON section does not document {key}"
 
 

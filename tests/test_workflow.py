@@ -44,6 +44,9 @@ def test_the_nightly_workflow_is_valid_yaml_with_a_gpu_job():
     assert {"schedule", "workflow_dispatch"} <= set(doc[True] if True in doc else doc["on"])  # YAML 1.1 reads `on` as True
     names = [s.get("name", s.get("uses", "")) for s in job["steps"]]
     assert any("Upload" in n for n in names) and any("Fail on NO-GO" in n for n in names)
+    uploads = {s["with"]["name"]: s["with"]["path"] for s in job["steps"] if "upload-artifact" in s.get("uses", "")}
+    assert uploads["speculation-profile"] == "engines"  # the exported profile, an artifact of its own
+    assert names.index("Export the acceptance profile for the engines") > names.index("Report and gate")
 
 
 def test_every_mtp_observe_call_in_the_workflow_uses_an_existing_command_and_options():
@@ -53,13 +56,15 @@ def test_every_mtp_observe_call_in_the_workflow_uses_an_existing_command_and_opt
 
     group = typer.main.get_command(app)
     calls = [c for script in run_scripts() for c in commands(script) if c[0] == "mtp-observe"]
-    assert {c[1] for c in calls} == {"replay", "report"}
+    assert {c[1] for c in calls} == {"replay", "report", "export"}
     for call in calls:
         command = group.commands[call[1]]
         known = {opt for p in command.params for opt in p.opts}
         for word in call[2:]:
             if word.startswith("--"):
                 assert word.split("=")[0] in known, f"mtp-observe {call[1]} has no option {word}"
+    engines = {c[c.index("--engine") + 1] for c in calls if c[1] == "export"}
+    assert engines == {"speculation-profile", "vllm", "sglang", "trtllm", "aiconfigurator"}  # every export, as an artifact
     used = {w for c in calls for w in c if w.startswith("--")}
     assert {"--gate", "--format", "--baseline", "--min-on-policy", "--model", "--out", "--on-error"} <= used
 

@@ -1,0 +1,740 @@
+"""The engines' language: the serve flags a verdict stands for, the run's numbers as an engine counts them,
+files the engines and capacity planners read, and a check of an engine's own counters against the run.
+
+Contract:
+    engine_numbers(report, k) -> EngineNumbers   the run at draft length K as vLLM counts it: over the steps the
+                                                 simulated decode makes (metrics.decode_walk), with the intervals
+    serve_lines(report) -> list[str]             the vLLM / SGLang flags of the verdict's K, for people
+    export(reading, engine, k) -> str            a file's text for `engine` (ENGINES)
+    read_engine_metrics(text, where) -> EngineMeasurement
+                                                 vLLM Prometheus text, vLLM per-request JSON, SGLang log lines
+    check(report, measured, k) -> EngineCheck    the engine's numbers against the run's intervals (exit 0 / 1)
+
+Why the engine-counted numbers, not the all-anchor ones. An engine counts the steps its decoder makes: after a
+step that accepts a drafts it jumps a + 1 tokens ahead, so the anchors it verifies from are the simulated
+decode's visited anchors, which follow acceptance (a rejection lands the next step right after it). Its
+per-position rate is per_pos[k] / num_drafts over those steps; A_k averages over every anchor. Every format
+below describes one verify step, drawn independently per step, so an engine fed the all-anchor A_k replays a
+decode that is not the one it will run. metrics.py's docstring defines the counts; vLLM's counters count a step's
+drafts that reach the end-of-turn token as accepted (its counts are taken from the sampler's output before the
+stop check), and so does the run; drafts past the end-of-turn token, which the run has no row for, count as
+rejected (a lower bound there).
+
+Sources (read with the search tools; file at the stored commit; no key here is invented):
+- vLLM `--speculative-config` keys: vllm-project/vllm@002e77c1 vllm/config/speculative.py — `method` ("mtp"; the
+  per-model MTP names are deprecated aliases of it), `num_speculative_tokens`, `rejection_sample_method`
+  ("synthetic"), `synthetic_acceptance_rates` ("Per-position *unconditional* acceptance rates ... Position i's
+  entry is the marginal probability that the first i+1 draft tokens are all accepted; the list must have length
+  num_speculative_tokens, each entry in [0, 1], and be monotonically non-increasing"; exactly one of it and
+  `synthetic_acceptance_length`), `num_speculative_tokens_per_batch_size` (dynamic SD, list of inclusive
+  (range_start, range_end, num_speculative_tokens); validated in vllm/v1/spec_decode/dynamic/utils.py@a6f6bb1d).
+- What vLLM counts per step: vllm/v1/core/sched/scheduler.py, Scheduler.update_from_output (several stored
+  versions agree): `num_draft_tokens = len(scheduled_spec_token_ids)`, `num_accepted = len(generated_token_ids) - 1`
+  from the sampler's tokens, then the stop check — so accepted drafts through the end-of-turn token count.
+- vLLM counters: vllm-project/vllm@ee4ceaae vllm/v1/spec_decode/metrics.py (`vllm:spec_decode_num_drafts`,
+  `_num_draft_tokens`, `_num_accepted_tokens`, `_num_accepted_tokens_per_pos` with label `position` 0-based;
+  labels `model_name`, `engine`; mean acceptance length `1 + num_accepted_tokens / num_drafts`, per-position
+  `per_pos / num_drafts`); the `_total` suffix (and a `_created` sample) is prometheus_client's
+  (prometheus/client_python@00859b30 prometheus_client/metrics.py, Counter._child_samples).
+- vLLM per-request JSON: vllm-project/vllm@02cf515f docs/features/speculative_decoding/acceptance_metrics.md —
+  `metrics.speculative_decoding` with `acceptance_histogram` ("index j is the number of steps that accepted exactly
+  j draft tokens"), `num_spec_steps`, `num_accepted_draft_tokens`, `num_draft_tokens`, `num_spec_tokens`;
+  `--per-request-spec-decode-metrics summary`.
+- SGLang flags: sgl-project/sglang@001067ff python/sglang/srt/server_args.py (`--speculative-algorithm NEXTN`,
+  `--speculative-num-steps`, `--speculative-eagle-topk`, `--speculative-num-draft-tokens`), with
+  docs/advanced_features/speculative_decoding.md@067ad4d3 ("If topk=1, it is adjusted to num_steps + 1").
+  Simulated acceptance: python/sglang/srt/environ.py@0003215c (`SGLANG_SIMULATE_ACC_LEN`,
+  `SGLANG_SIMULATE_ACC_METHOD`: "match-expected" draws floor/ceil so the mean is exact) and
+  python/sglang/srt/speculative/spec_utils.py@00731f0b (the length includes the bonus token, in [1, steps + 1]).
+  Its log line: scheduler metrics mixin, `accept len: {spec_accept_length:.2f}` = (accepted drafts + one per
+  request-step) / request-steps over the log interval: the same convention as vLLM's mean acceptance length.
+- TensorRT-LLM: NVIDIA/TensorRT-LLM@00b6d5a2 tensorrt_llm/_torch/speculative/interface.py
+  (`TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS`: accepted *draft* tokens, the bonus token excluded — the engine
+  adds one; a float on the one-model path (MTP): integer part always accepted, fraction the chance of one more;
+  an integer on the two-model path, where a fraction is refused and forcing silently turns off; 0 is off);
+  the draft length is `MTPDecodingConfig.num_nextn_predict_layers` (tensorrt_llm/llmapi/llm_args.py).
+- NVIDIA Model-Optimizer `speculation_profile.json`: examples/specdec_bench/specdec_bench/speculation_profile.py
+  at commit edf879d3 (open PR stack #2313/#2247; not in the released package, not importable here):
+  SCHEMA_VERSION "1.0", the keys of `build_profile`, marginal[i] = P(length >= i + 2), conditional[i] =
+  marginal[i] / marginal[i-1] (0 after a 0), 6 decimals, histogram keyed by acceptance length (tokens emitted in
+  a step including the bonus), `_consistency_check` (|1 + Σ marginal - mean| <= 0.02) and `_monotonicity_check`
+  (no marginal above its predecessor + 1e-9). `per_category` is {category: mean acceptance length}, as its caller
+  passes it (here the category is the segment of the step's first drafted token).
+- Dynamo AIConfigurator: ai-dynamo/aiconfigurator@095f58a5 src/aiconfigurator/cli/example.yaml and
+  docs/cli_user_guide.md (`nextn` draft length; `nextn_accepted` "Average accepted draft tokens per decode step
+  (0 <= nextn_accepted <= nextn)", i.e. mean acceptance length minus 1), read by
+  src/aiconfigurator/sdk/speculative.py `normalize_speculative_decoding`.
+
+Imports no torch (the report's rule).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import EngineMetricsError, OptionError
+from .report import Reading, Report, Run, simulated_walks
+
+ENGINES = ("vllm", "sglang", "trtllm", "speculation-profile", "aiconfigurator")
+SPECULATION_PROFILE_VERSION = "1.0"  # Model-Optimizer's SCHEMA_VERSION this file follows
+PROFILE_MEAN_TOLERANCE = 0.02  # Model-Optimizer's _consistency_check tolerance
+PROFILE_MONOTONE_SLACK = 1e-9  # its _monotonicity_check slack
+DIGITS = 6  # Model-Optimizer rounds its vectors to 6 decimals; every export here does
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. The run's numbers as the engine counts them
+
+
+@dataclass(frozen=True)
+class EngineNumbers:
+    """The overall slice at one draft length K over the simulated decode's steps (vLLM's counters), with the
+    all-anchor rates beside them. Intervals are the report's bootstrap bounds (None where there are none)."""
+
+    k: int
+    level: float  # interval level (0.95)
+    steps: int  # vLLM num_drafts
+    accepted: int  # num_accepted_tokens
+    per_pos_counts: tuple[int, ...]  # [K] num_accepted_tokens_per_pos
+    histogram: tuple[int, ...]  # [K+1] steps by accepted drafts 0..K
+    per_position: np.ndarray  # [K] per_pos / num_drafts = the marginal rates
+    per_position_lo: np.ndarray | None  # [K]
+    per_position_hi: np.ndarray | None
+    mean_acceptance_length: float  # 1 + accepted / steps
+    mean_acceptance_length_lo: float | None
+    mean_acceptance_length_hi: float | None
+    draft_acceptance_rate: float  # accepted / (K · steps)
+    accept_rate: np.ndarray  # [K] all-anchor A_k
+    tau: float  # all-anchor τ(K) = 1 + Σ A_k
+    tau_sim: float  # tokens / steps of the simulated decode (no bonus token past the end of a turn)
+
+    @property
+    def draft_tokens(self) -> int:
+        return self.k * self.steps  # every step drafts K, the last of a turn too
+
+    @property
+    def conditional(self) -> list[float]:
+        """P(draft k accepted | drafts < k accepted) = marginal[k] / marginal[k-1], 0 after a 0 (Model-Optimizer's)."""
+        out, prev = [], 1.0
+        for m in self.per_position:
+            out.append(float(m) / prev if prev > 0 else 0.0)
+            prev = float(m)
+        return out
+
+
+def _check_k(report: Report, k: int | None) -> int:
+    k = report.best_k if k is None else k
+    if not 1 <= k <= report.k:
+        raise OptionError(f"--k {k}: the run replayed draft lengths 1..{report.k}; choose one of them")
+    return k
+
+
+def engine_numbers(report: Report, k: int | None = None) -> EngineNumbers:
+    """The overall slice's engine-counted numbers at K (default: the best K)."""
+    k = _check_k(report, k)
+    o = report.overall
+    counts = o.per_session.total()
+    steps = int(np.asarray(counts.steps)[k - 1])
+    if steps == 0:
+        raise OptionError(f"{report.path}: the run has no simulated decode steps at K={k} (no scored turns); "
+                          "replay sessions with generated turns")
+    per_pos_counts = [int(x) for x in np.asarray(counts.step_accepted)[k - 1, :k]]
+    reaching = [steps] + per_pos_counts
+    histogram = tuple(reaching[j] - reaching[j + 1] for j in range(k)) + (reaching[k],)
+    assert all(h >= 0 for h in histogram), histogram  # a chain: depth k accepted only after k-1
+
+    def at(r, field):
+        return None if r is None else getattr(r, field)
+
+    lo_pos, hi_pos = at(o.lo, "per_position_acceptance"), at(o.hi, "per_position_acceptance")
+    lo_mal, hi_mal = at(o.lo, "mean_acceptance_length"), at(o.hi, "mean_acceptance_length")
+    v = o.value
+    return EngineNumbers(
+        k=k, level=report.level, steps=steps, accepted=sum(per_pos_counts), per_pos_counts=tuple(per_pos_counts),
+        histogram=histogram, per_position=np.asarray(v.per_position_acceptance[k - 1, :k], dtype=np.float64),
+        per_position_lo=None if lo_pos is None else np.asarray(lo_pos[k - 1, :k]),
+        per_position_hi=None if hi_pos is None else np.asarray(hi_pos[k - 1, :k]),
+        mean_acceptance_length=float(v.mean_acceptance_length[k - 1]),
+        mean_acceptance_length_lo=None if lo_mal is None else float(lo_mal[k - 1]),
+        mean_acceptance_length_hi=None if hi_mal is None else float(hi_mal[k - 1]),
+        draft_acceptance_rate=float(v.draft_acceptance_rate[k - 1]),
+        accept_rate=np.asarray(v.accept_rate[:k], dtype=np.float64), tau=float(v.tau[k - 1]),
+        tau_sim=float(v.tau_sim[k - 1]),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Serve flags
+
+
+# vLLM's suffix-decoding keys and the run.json drafters.suffix parameter each one is (tables.py)
+_VLLM_SUFFIX_KEYS = (("suffix_decoding_max_tree_depth", "max_tree_depth"),
+                     ("suffix_decoding_max_cached_requests", "max_cached_requests"),
+                     ("suffix_decoding_max_spec_factor", "max_spec_factor"),
+                     ("suffix_decoding_min_token_prob", "min_token_prob"))
+
+
+def vllm_speculative_config(k: int, drafter: str = "mtp", params: dict | None = None) -> dict | None:
+    """vLLM's --speculative-config for the run's drafter at draft length K (static); None for a drafter vLLM does
+    not serve (the hybrids). ngram and suffix carry the run's own parameters (run.json drafters)."""
+    params = params or {}
+    if drafter == "mtp":
+        return {"method": "mtp", "num_speculative_tokens": k}
+    if drafter == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": params["prompt_lookup_min"],
+                "prompt_lookup_max": params["prompt_lookup_max"]}
+    if drafter == "suffix":
+        return {"method": "suffix", "num_speculative_tokens": k,
+                **{key: params[name] for key, name in _VLLM_SUFFIX_KEYS if name in params}}
+    return None
+
+
+def report_speculative_config(report: Report, k: int) -> dict | None:
+    drafter = report.drafter
+    return vllm_speculative_config(k, drafter, (report.manifest.get("drafters") or {}).get(drafter))
+
+
+def dynamic_config(report: Report) -> dict | None:
+    """vLLM's dynamic speculative decoding config from the report's schedule over batch sizes (report.batch,
+    cost.schedule: `num_speculative_tokens_per_batch_size`, K capped at `num_speculative_tokens`), when the
+    schedule changes K across batch sizes (one range is the static config) and the drafter is MTP."""
+    b = report.batch
+    if b is None or report.drafter != "mtp" or len(b.schedule) < 2:
+        return None
+    return b.speculative_config
+
+
+def vllm_synthetic_config(config: dict, n: EngineNumbers) -> dict:
+    """vLLM's synthetic rejection sampler fed the run's per-step marginal rates: its per_pos / num_drafts then
+    reproduce the run's, and 1 + Σ rates its mean acceptance length."""
+    rates = [round(float(x), DIGITS) for x in n.per_position]
+    assert all(0.0 <= r <= 1.0 for r in rates) and all(b <= a for a, b in zip(rates, rates[1:])), rates
+    return {**config, "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": rates}
+
+
+def sglang_args(k: int) -> list[str]:
+    """SGLang's chain MTP flags at K: K draft steps, top-1, K + 1 verified tokens (the committed one included)."""
+    return ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", str(k + 1)]
+
+
+def _json(obj) -> str:
+    return json.dumps(obj, separators=(", ", ": "))
+
+
+def serve_lines(report: Report) -> list[str]:
+    """What the verdict stands for, in the engines' flags (the judged drafter's), at the best K."""
+    k = report.best_k
+    status = report.verdict.status
+    drafter = report.drafter
+    config = report_speculative_config(report, k)
+    what = "MTP" if drafter == "mtp" else f"the {drafter} drafter"
+    if status == "GO":
+        lead = f"GO serves {what} at K={k}:"
+    elif status == "NO-GO":
+        lead = f"NO-GO: serve without speculative decoding; {what} at the best K={k} would be:"
+    else:
+        lead = f"UNRELIABLE: no configuration yet; {what} at the best K={k} would be:"
+    if config is None:
+        return [f"{lead} no engine flag (vLLM and SGLang serve no {drafter} drafter)"]
+    dynamic = dynamic_config(report)
+    lines = [f"{lead} vllm serve MODEL --speculative-config '{_json(config)}'"]
+    if dynamic is not None:
+        lines.append(f"  vLLM by batch size (dynamic speculative decoding): --speculative-config '{_json(dynamic)}'")
+    if drafter == "mtp":
+        lines.append("  SGLang: python -m sglang.launch_server --model-path MODEL " + " ".join(sglang_args(k)))
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Exports
+
+
+def _r(x: float) -> float:
+    return round(float(x), DIGITS)
+
+
+def _provenance(reading: Reading, n: EngineNumbers) -> dict:
+    report = reading.report
+    rec = report.recording
+    return {
+        "run": str(report.path), "model": (report.manifest.get("model") or {}).get("path"),
+        "sessions": len(report.sessions), "k": n.k, "verdict": report.verdict.status,
+        "recorded_with": rec.label if rec is not None else None,
+        "counted_as": "vLLM's counters over the steps the simulated decode makes (mtp-observe README, "
+                      "'Using the numbers in your engine')",
+    }
+
+
+def _expected(n: EngineNumbers) -> dict:
+    """What vLLM's metrics will show on the same traffic, with the run's intervals."""
+    def seq(a):
+        return None if a is None else [_r(x) for x in a]
+
+    return {
+        "mean_acceptance_length": _r(n.mean_acceptance_length),
+        "mean_acceptance_length_interval": None if n.mean_acceptance_length_lo is None else
+        [_r(n.mean_acceptance_length_lo), _r(n.mean_acceptance_length_hi)],
+        "draft_acceptance_rate": _r(n.draft_acceptance_rate),
+        "per_position_acceptance_rate": seq(n.per_position),
+        "per_position_acceptance_rate_interval": None if n.per_position_lo is None else
+        [seq(n.per_position_lo), seq(n.per_position_hi)],
+        "interval_level": n.level,
+        "counts": {"num_drafts": n.steps, "num_draft_tokens": n.draft_tokens, "num_accepted_tokens": n.accepted,
+                   "num_accepted_tokens_per_pos": list(n.per_pos_counts)},
+        "all_anchor": {"accept_rate": seq(n.accept_rate), "tau": _r(n.tau),
+                       "note": "A_k over every anchor: NOT what the engine counts; never feed these to an engine"},
+    }
+
+
+def _expected_for(report: Report, n: EngineNumbers) -> dict:
+    out = _expected(n)
+    if report.drafter != "mtp":
+        out["note"] = (f"counted over every step; vLLM's counters count only the steps where the {report.drafter} "
+                       "drafter proposed tokens (a step with no proposal is no draft), so its numbers read higher")
+    return out
+
+
+def export_vllm(reading: Reading, n: EngineNumbers) -> str:
+    config = report_speculative_config(reading.report, n.k)
+    if config is None:
+        raise OptionError(f"--engine vllm: vLLM serves no {reading.report.drafter} drafter; export this run for "
+                          "another engine, or judge another drafter (report --drafter)")
+    dynamic = dynamic_config(reading.report)
+    doc = {
+        "speculative_config": config,
+        "synthetic_speculative_config": vllm_synthetic_config(config, n),
+        "expected_metrics": _expected_for(reading.report, n),
+        "mtp_observe": _provenance(reading, n),
+    }
+    if dynamic is not None:
+        # the schedule over batch sizes; with synthetic acceptance its rates must be num_speculative_tokens long
+        doc["dynamic_speculative_config"] = dynamic
+        if dynamic["num_speculative_tokens"] == n.k:
+            doc["dynamic_synthetic_speculative_config"] = vllm_synthetic_config(dynamic, n)
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def _env_header(reading: Reading, n: EngineNumbers, engine: str) -> list[str]:
+    p = _provenance(reading, n)
+    return [f"# mtp-observe export --engine {engine}: run {p['run']} at K={n.k} (verdict {p['verdict']}, "
+            f"{p['sessions']} sessions)",
+            f"# mean acceptance length {n.mean_acceptance_length:.{DIGITS}f} as the engine counts it (1 + accepted "
+            "drafts per verify step, over the steps the simulated decode makes)"]
+
+
+def export_sglang(reading: Reading, n: EngineNumbers) -> str:
+    serve = ("# serve: python -m sglang.launch_server --model-path MODEL " + " ".join(sglang_args(n.k))
+             if reading.report.drafter == "mtp" else f"# drafter: {reading.report.drafter} (no SGLang flags mapped here)")
+    lines = _env_header(reading, n, "sglang") + [
+        serve,
+        "# simulate the measured acceptance (environment, sglang/srt/environ.py): one length per batch step, "
+        "a mean only",
+        f"SGLANG_SIMULATE_ACC_LEN={n.mean_acceptance_length:.{DIGITS}f}",
+        "SGLANG_SIMULATE_ACC_METHOD=match-expected",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def export_trtllm(reading: Reading, n: EngineNumbers) -> str:
+    accepted = n.mean_acceptance_length - 1.0  # accepted drafts per step: the engine adds the target's token
+    lines = _env_header(reading, n, "trtllm") + [
+        (f"# draft length: speculative_config: {{decoding_type: MTP, num_nextn_predict_layers: {n.k}}}"
+         if reading.report.drafter == "mtp" else f"# drafter: {reading.report.drafter}; draft length {n.k}"),
+        "# accepted draft tokens per step = mean acceptance length - 1 (the engine adds the target token); the MTP "
+        "one-model path reads the fraction, the two-model path needs an integer "
+        f"({max(1, round(accepted))}); 0 turns forcing off",
+        f"TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS={accepted:.{DIGITS}f}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def export_aiconfigurator(reading: Reading, n: EngineNumbers) -> str:
+    accepted = n.mean_acceptance_length - 1.0
+    assert 0.0 <= accepted <= n.k, (accepted, n.k)
+    lines = _env_header(reading, n, "aiconfigurator") + [
+        "# AIConfigurator task keys: nextn = draft length, nextn_accepted = accepted draft tokens per step",
+        f"nextn: {n.k}",
+        f"nextn_accepted: {accepted:.{DIGITS}f}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def segment_acceptance_lengths(run: Run, k: int) -> dict[str, float]:
+    """Mean acceptance length per segment of each step's first drafted token, over the simulated decode's steps
+    at K (Model-Optimizer's per_category, here per segment)."""
+    from .metrics import decode_walk
+
+    walk = decode_walk(run.accepted_len, run.spans.end - run.spans.start, k)
+    first = run.rows.depth == 1
+    segment_of_anchor = np.full(len(run.accepted_len), -1, dtype=np.int64)
+    segment_of_anchor[run.rows.anchor[first]] = run.rows.segment[first]
+    assert np.all(segment_of_anchor >= 0), "every anchor has a depth-1 row"
+    seg = segment_of_anchor[walk.visited]
+    accepted = np.minimum(run.accepted_len[walk.visited], k)
+    out = {}
+    for i, name in enumerate(run.segments):
+        here = seg == i
+        if here.any():
+            out[name] = _r(1.0 + accepted[here].mean())
+    return out
+
+
+def mean_per_turn(run: Run, k: int) -> float:
+    """The mean over turns of each turn's mean acceptance length at K (Model-Optimizer's per-request mean)."""
+    steps, step_accepted = simulated_walks(run)
+    s = steps[:, k - 1]
+    a = step_accepted[:, k - 1, :k].sum(axis=1)
+    has = s > 0
+    return float(np.mean(1.0 + a[has] / s[has])) if has.any() else float("nan")
+
+
+def profile_validation(mean_accept_length: float, marginal: list[float]) -> dict:
+    """Model-Optimizer's two checks, as its file states them (module docstring)."""
+    implied = 1.0 + sum(marginal)
+    delta = abs(implied - mean_accept_length)
+    violations = [{"position": i, "value": marginal[i], "previous": marginal[i - 1]}
+                  for i in range(1, len(marginal)) if marginal[i] > marginal[i - 1] + PROFILE_MONOTONE_SLACK]
+    return {
+        "mean_consistency": {"implied_mean_accept_length": _r(implied), "reported_mean_accept_length": _r(mean_accept_length),
+                             "abs_delta": _r(delta), "tolerance": PROFILE_MEAN_TOLERANCE,
+                             "passed": delta <= PROFILE_MEAN_TOLERANCE},
+        "marginal_monotonicity": {"passed": not violations, "violations": violations},
+    }
+
+
+def _checkpoint_id(path) -> str | None:
+    """A checkpoint path's last two components (Model-Optimizer's checkpoint_id: no cluster layout published)."""
+    if not path:
+        return None
+    parts = [p for p in str(path).replace("\\", "/").split("/") if p]
+    return "/".join(parts[-2:]) if parts else None
+
+
+def speculation_profile(reading: Reading, n: EngineNumbers) -> dict:
+    """Model-Optimizer's speculation_profile.json at K from the simulated decode's steps."""
+    report, run = reading.report, reading.run
+    marginal = [_r(x) for x in n.per_position]
+    conditional = [_r(x) for x in n.conditional]
+    mean = n.mean_acceptance_length
+    by_k = {}
+    for K in range(1, report.k + 1):
+        x = float(report.overall.value.mean_acceptance_length[K - 1])
+        if math.isfinite(x):
+            by_k[str(K)] = _r(x)
+    model = _checkpoint_id((report.manifest.get("model") or {}).get("path"))
+    rec = report.recording
+    drafter = report.drafter
+    params = {key: v for key, v in ((report.manifest.get("drafters") or {}).get(drafter) or {}).items() if key != "draft_k"}
+    return {
+        "schema_version": SPECULATION_PROFILE_VERSION,
+        "measured": True,
+        "method": drafter,
+        "draft_checkpoint": {"id": model, "draft": "the checkpoint's own MTP head"} if drafter == "mtp" else
+        {"id": None, "draft": f"model-free {drafter} drafter", "parameters": params},
+        "target_model": {"id": model},
+        "num_speculative_tokens": n.k,
+        "block_size": None,
+        "max_supported_k": n.k,
+        "verification_method": "longest_prefix",
+        "conditional_accept_rates": conditional,
+        "marginal_accept_rates": marginal,
+        "mean_accept_length": _r(mean),
+        "mean_accept_length_per_request": _r(mean_per_turn(run, n.k)),
+        # an MTP or n-gram chain at K is a prefix of the chain at K + 1; suffix and the hybrids re-plan per K
+        "accept_length_model": "chain_analytic" if drafter in ("mtp", "ngram") else "measured_per_k",
+        "accept_length_by_k": by_k,  # the simulated decode at every K the run replayed
+        "acceptance_length_histogram": {str(j + 1): c for j, c in enumerate(n.histogram) if c > 0},
+        "per_category": segment_acceptance_lengths(run, n.k),
+        "measurement_conditions": {
+            "engine": "mtp-observe: simulated chain decode of recorded traffic (target replayed, MTP head drafting)",
+            "run": str(report.path), "sessions": len(report.sessions), "anchors": report.overall.anchors,
+            "recorded_with": rec.label if rec is not None else None, "verdict": report.verdict.status,
+            "per_request": "per turn (a scored assistant turn)", "per_category": "segment of the step's first drafted token",
+            "histogram": "acceptance length = accepted drafts + 1 per verify step, counted as vLLM counts (a step whose "
+                         "drafts reach the end-of-turn token counts them accepted)",
+            "interval_level": n.level,
+            "mean_accept_length_interval": None if n.mean_acceptance_length_lo is None else
+            [_r(n.mean_acceptance_length_lo), _r(n.mean_acceptance_length_hi)],
+            "marginal_accept_rates_interval": None if n.per_position_lo is None else
+            [[_r(x) for x in n.per_position_lo], [_r(x) for x in n.per_position_hi]],
+        },
+        "validation": profile_validation(mean, marginal),
+    }
+
+
+def export(reading: Reading, engine: str, k: int | None = None) -> str:
+    """The text of `mtp-observe export --engine ENGINE` (JSON for vllm and speculation-profile, KEY=VALUE lines
+    for sglang and trtllm, YAML for aiconfigurator)."""
+    if engine not in ENGINES:
+        raise OptionError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
+    dynamic = dynamic_config(reading.report)
+    if engine == "vllm" and k is None and dynamic is not None:
+        k = dynamic["num_speculative_tokens"]  # the schedule's largest K: the synthetic rates' length
+    n = engine_numbers(reading.report, k)
+    if engine == "speculation-profile":
+        return json.dumps(speculation_profile(reading, n), indent=2) + "\n"
+    return {"vllm": export_vllm, "sglang": export_sglang, "trtllm": export_trtllm,
+            "aiconfigurator": export_aiconfigurator}[engine](reading, n)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Reading what the engine measured
+
+
+@dataclass(frozen=True)
+class EngineMeasurement:
+    """What an engine counted on the traffic. per_position is None where the source has no per-position counts."""
+
+    source: str  # "vllm-prometheus" | "vllm-per-request" | "sglang-log"
+    k: int | None  # the draft length the engine ran (None: the source does not say)
+    steps: float | None  # verify steps (num_drafts)
+    per_position: np.ndarray | None  # [K] per_pos / num_drafts
+    mean_acceptance_length: float
+    detail: str  # for people: what was summed
+
+
+VLLM_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos")
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+-?\d+)?\s*$")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_SGLANG_ACCEPT = re.compile(r"accept len: ([0-9]+(?:\.[0-9]+)?)")
+
+
+def _labels(text: str | None, where: str, number: int) -> dict[str, str]:
+    if not text:
+        return {}
+    out, pos = {}, 0
+    while pos < len(text):
+        m = _LABEL.match(text, pos)
+        if m is None:
+            raise EngineMetricsError(f"{where}:{number}: cannot read the labels {{{text}}} (Prometheus text format: "
+                                     'name{label="value",...} number)')
+        out[m.group(1)] = m.group(2)
+        pos = m.end()
+    return out
+
+
+def read_prometheus(text: str, where: str) -> EngineMeasurement:
+    """vLLM's /metrics text: the four spec-decode counters, with or without `_total`, summed over `engine`."""
+    sums: dict[tuple[str, bool], float] = {}  # (counter, with _total) -> sum
+    per_pos: dict[bool, dict[int, float]] = {True: {}, False: {}}
+    models = set()
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#") or not line.startswith("vllm:spec_decode_"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            raise EngineMetricsError(f"{where}:{number}: not a Prometheus sample line: {line[:80]}")
+        name = m.group("name")
+        if name.endswith("_created"):
+            continue
+        total = name.endswith("_total")
+        base = name[: -len("_total")] if total else name
+        if base not in VLLM_COUNTERS:
+            continue
+        try:
+            value = float(m.group("value"))
+        except ValueError:
+            raise EngineMetricsError(f"{where}:{number}: {name} has the value {m.group('value')!r}, not a number") from None
+        labels = _labels(m.group("labels"), where, number)
+        if "model_name" in labels:
+            models.add(labels["model_name"])
+        if base == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            if "position" not in labels or not labels["position"].isdigit():
+                raise EngineMetricsError(f"{where}:{number}: {name} without a numeric position label")
+            p = int(labels["position"])
+            per_pos[total][p] = per_pos[total].get(p, 0.0) + value
+        else:
+            sums[(base, total)] = sums.get((base, total), 0.0) + value
+    if len(models) > 1:
+        raise EngineMetricsError(f"{where}: spec-decode counters of {len(models)} models ({', '.join(sorted(models))}); "
+                                 "keep the lines of the model the run replayed")
+    use_total = any(t for (_, t) in sums) or bool(per_pos[True])
+    got = {base: v for (base, t), v in sums.items() if t == use_total}
+    missing = [c for c in VLLM_COUNTERS[:3] if c not in got]
+    if missing or not per_pos[use_total]:
+        absent = missing + ([] if per_pos[use_total] else [VLLM_COUNTERS[3]])
+        raise EngineMetricsError(f"{where}: no {', '.join(absent)} sample; expected vLLM's /metrics text with "
+                                 "speculative decoding on")
+    drafts, draft_tokens, accepted = (got[c] for c in VLLM_COUNTERS[:3])
+    positions = per_pos[use_total]
+    k = max(positions) + 1
+    if sorted(positions) != list(range(k)):
+        raise EngineMetricsError(f"{where}: per-position counters for positions {sorted(positions)}; expected 0..{k - 1}")
+    if drafts <= 0:
+        raise EngineMetricsError(f"{where}: vllm:spec_decode_num_drafts is {drafts:g}: the engine made no speculative "
+                                 "step yet; send the traffic first")
+    if abs(draft_tokens - k * drafts) > 0.5:
+        raise EngineMetricsError(f"{where}: {draft_tokens:g} draft tokens in {drafts:g} drafts is not {k} per draft "
+                                 "(dynamic speculative decoding or shortened drafts); compare a static K")
+    rates = np.array([positions[p] / drafts for p in range(k)])
+    return EngineMeasurement(source="vllm-prometheus", k=k, steps=drafts, per_position=rates,
+                             mean_acceptance_length=1.0 + accepted / drafts,
+                             detail=f"vLLM counters{' (_total)' if use_total else ''}: {drafts:g} drafts, "
+                                    f"{accepted:g} accepted tokens")
+
+
+def _documents(text: str):
+    """A JSON value, or JSON lines."""
+    try:
+        data = json.loads(text)
+        return data if isinstance(data, list) else [data]
+    except json.JSONDecodeError:
+        pass
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("data:"):
+            line = line[len("data:"):].strip()
+        if not line or line == "[DONE]":
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            return None
+    return out
+
+
+def read_per_request(docs: list, where: str) -> EngineMeasurement:
+    """vLLM's per-request `metrics.speculative_decoding` objects (responses, a list of them, or JSON lines), summed."""
+    hist = None
+    k = None
+    requests = 0
+    for i, doc in enumerate(docs):
+        sd = ((doc.get("metrics") or {}) if isinstance(doc, dict) else {}).get("speculative_decoding")
+        if sd is None:
+            continue
+        try:
+            h = [int(x) for x in sd["acceptance_histogram"]]
+            n_spec = int(sd["num_spec_tokens"])
+        except (KeyError, TypeError, ValueError):
+            raise EngineMetricsError(f"{where}: response {i + 1}: metrics.speculative_decoding lacks a numeric "
+                                     "acceptance_histogram or num_spec_tokens") from None
+        if k is None:
+            k, hist = n_spec, np.zeros(n_spec + 1, dtype=np.int64)
+        if n_spec != k or len(h) != k + 1:
+            raise EngineMetricsError(f"{where}: response {i + 1}: num_spec_tokens {n_spec} (histogram of {len(h)}) where "
+                                     f"earlier responses had {k}; compare one static K")
+        hist += np.array(h, dtype=np.int64)
+        requests += 1
+    if requests == 0:
+        raise EngineMetricsError(f"{where}: no metrics.speculative_decoding in any response; start vLLM with "
+                                 "--per-request-spec-decode-metrics summary")
+    steps = int(hist.sum())
+    if steps == 0:
+        raise EngineMetricsError(f"{where}: the {requests} responses made no speculative step")
+    reaching = np.cumsum(hist[::-1])[::-1]  # [K+1] steps accepting at least j drafts
+    rates = reaching[1:] / steps
+    accepted = float((np.arange(k + 1) * hist).sum())
+    return EngineMeasurement(source="vllm-per-request", k=k, steps=float(steps), per_position=rates,
+                             mean_acceptance_length=1.0 + accepted / steps,
+                             detail=f"{requests} vLLM responses' acceptance histograms: {steps} steps")
+
+
+def _sglang_values(text: str) -> list[float]:
+    return [float(m.group(1)) for line in text.splitlines() if "Decode batch" in line
+            for m in [_SGLANG_ACCEPT.search(line)] if m]
+
+
+def read_sglang_log(text: str, where: str) -> EngineMeasurement:
+    """SGLang's decode log lines: `accept len` is (accepted drafts + 1) per request-step over one log interval;
+    the intervals are averaged with equal weight (the line carries no step count)."""
+    values = _sglang_values(text)
+    if not values:
+        raise EngineMetricsError(f"{where}: no 'Decode batch ... accept len: X' line; start SGLang with speculative "
+                                 "decoding on and keep its log")
+    return EngineMeasurement(source="sglang-log", k=None, steps=None, per_position=None,
+                             mean_acceptance_length=float(np.mean(values)),
+                             detail=f"mean of {len(values)} SGLang 'accept len' log lines (each one log interval's)")
+
+
+def read_engine_metrics(text: str, where: str) -> EngineMeasurement:
+    """The format is told by its content: vLLM counters, JSON responses, or SGLang decode log lines."""
+    if "vllm:spec_decode_" in text:
+        return read_prometheus(text, where)
+    if _sglang_values(text):
+        return read_sglang_log(text, where)
+    docs = _documents(text)
+    if docs:
+        return read_per_request(docs, where)
+    raise EngineMetricsError(f"{where}: neither vLLM /metrics text (vllm:spec_decode_*), vLLM responses with "
+                             "metrics.speculative_decoding, nor SGLang log lines with 'accept len:'")
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. The check
+
+
+@dataclass(frozen=True)
+class Agreement:
+    name: str  # e.g. "per-position acceptance, position 1"
+    engine: float
+    run: float
+    lo: float
+    hi: float
+
+    @property
+    def within(self) -> bool:
+        return self.lo <= self.engine <= self.hi
+
+
+@dataclass(frozen=True)
+class EngineCheck:
+    k: int
+    measured: EngineMeasurement
+    rows: tuple[Agreement, ...]
+    level: float
+
+    @property
+    def agrees(self) -> bool:
+        return all(r.within for r in self.rows)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.agrees else 1
+
+    @property
+    def reason(self) -> str:
+        out = [r for r in self.rows if not r.within]
+        if not out:
+            return (f"the engine's numbers at K={self.k} lie within the run's {self.level:.0%} intervals "
+                    f"({len(self.rows)} compared)")
+        worst = max(out, key=lambda r: max(r.lo - r.engine, r.engine - r.hi) / max(r.hi - r.lo, 1e-12))  # in widths
+        return (f"{len(out)} of {len(self.rows)} engine numbers at K={self.k} fall outside the run's {self.level:.0%} "
+                f"intervals, e.g. {worst.name}: engine {worst.engine:.3f}, run {worst.run:.3f} [{worst.lo:.3f}, "
+                f"{worst.hi:.3f}]; on the same traffic and sampler that is an engine or checkpoint bug (a pre-norm hidden "
+                "state fed to the head, a quantised head read as BF16, a dropped head)")
+
+
+def check(report: Report, measured: EngineMeasurement, k: int | None = None) -> EngineCheck:
+    """The engine's per-position rates and mean acceptance length against the run's intervals at the engine's K."""
+    if measured.k is not None:
+        if k is not None and k != measured.k:
+            raise OptionError(f"--k {k}: the engine's counters are of K={measured.k}; leave --k out")
+        if measured.k > report.k:
+            raise EngineMetricsError(f"the engine drafted K={measured.k}; the run replayed up to K={report.k}: replay "
+                                     f"with --k {measured.k}")
+        k = measured.k
+    if report.drafter != "mtp":
+        raise OptionError(f"compare --drafter {report.drafter}: an engine counts only the steps where a model-free "
+                          "drafter proposed tokens, which the run does not count per step; compare checks an MTP run")
+    n = engine_numbers(report, k)
+    if n.per_position_lo is None or n.mean_acceptance_length_lo is None:
+        note = report.resampling.note if report.resampling is not None else None
+        raise OptionError(f"{report.path}: the run has no bootstrap interval ({note or 'too few sessions'}); compare "
+                          "needs one: replay more sessions")
+    rows = []
+    if measured.per_position is not None:
+        for i in range(n.k):
+            rows.append(Agreement(f"per-position acceptance, position {i + 1}", float(measured.per_position[i]),
+                                  float(n.per_position[i]), float(n.per_position_lo[i]), float(n.per_position_hi[i])))
+    rows.append(Agreement("mean acceptance length", measured.mean_acceptance_length, n.mean_acceptance_length,
+                          n.mean_acceptance_length_lo, n.mean_acceptance_length_hi))
+    return EngineCheck(k=n.k, measured=measured, rows=tuple(rows), level=n.level)
