@@ -8,7 +8,7 @@ drafter run over every request in input order, at every anchor, as the pipeline 
 (requests of a session share prefixes; the suffix drafter gets `keep`, the prefix the next request
 shares, as pipeline.replay_session computes it). Each drafter runs in its own process, started
 after rendering, so its peak resident memory is its own: the OS's peak for that process
-(`os.wait4`), beside the same process doing nothing but load the tokens ("load").
+(mtp_observe.memory: `os.wait4`), beside the same process doing nothing but load the tokens ("load").
 
     load             load the rendered tokens (the baseline every other line includes)
     ngram            vLLM's prompt lookup, 5,5 (vLLM's defaults), at K
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from mtp_observe.memory import run_measured  # noqa: E402  (imports nothing heavy)
 
 DRAFTERS = ("load", "ngram", "suffix", "suffix-by-k", "suffix-no-keep", "suffix-outputs")
 
@@ -177,15 +178,15 @@ def worker(name: str, data_path: Path, k: int) -> dict:
 
 
 def run_worker(name: str, data: Path, k: int, work: Path, inputs=()) -> dict:
-    """`name` in a process of its own -> its figures and the OS's peak RSS of that process. (This
-    parent imports nothing heavy: a child's peak counts what it inherited when it was forked.)"""
+    """`name` in a process of its own -> its figures and the OS's peak RSS of that process
+    (memory.run_measured: the child's own wait4 high-water mark, not this parent's)."""
     result = work / f"{name}.json"
-    proc = subprocess.Popen([sys.executable, __file__, "--worker", name, "--data", str(data), "--k", str(k),
+    measured = run_measured([sys.executable, __file__, "--worker", name, "--data", str(data), "--k", str(k),
                              "--json", str(result), *(["--input", *map(str, inputs)] if inputs else [])])
-    _, status, usage = os.wait4(proc.pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, f"{name} failed"
+    sys.stdout.write(measured.stdout)
+    assert measured.returncode == 0, f"{name} failed: {measured.stderr[-2000:]}"
     out = json.loads(result.read_text())
-    out["peak_rss_mb"] = usage.ru_maxrss / 1024  # KiB on Linux
+    out["peak_rss_mb"] = measured.peak_rss / 2**20
     return out
 
 

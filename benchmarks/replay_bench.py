@@ -42,6 +42,7 @@ from mtp_observe.pipeline import (  # noqa: E402
     RECORDED, ReplayOptions, default_profiles, load_model, recorded_fallback, replay_session, resolve_device, resolve_dtype,
     shared_prefix,
 )
+from mtp_observe.memory import maxrss_bytes  # noqa: E402
 from mtp_observe.rendering import Renderer  # noqa: E402
 from mtp_observe.sessions import read_sessions  # noqa: E402
 from mtp_observe.synthetic import SyntheticSpec, write_synthetic_checkpoint  # noqa: E402
@@ -199,7 +200,7 @@ def main() -> None:
         "replay_cpu_s": round(replay_cpu, 2), "prefill_cpu_s": round(prefill_cpu, 2),
         "flop_floor_ratio": round(f_replay / f_prefill, 2), "tokens_per_s": round(tokens / replay_s, 1),
         "new_tokens_per_s": round(unique / replay_s, 1),
-        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
+        "peak_rss_gb": round(maxrss_bytes(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1e9, 2),
     }
     if device.startswith("cuda"):
         result["peak_gpu_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)

@@ -5,8 +5,9 @@
 Generates deterministic chat sessions (system prompt, tool schemas, tool calls with JSON
 arguments, multi-kilobyte tool results, reasoning on some turns) until the file reaches the
 requested size, writes a tiny synthetic checkpoint for its tokenizer and chat template, then
-runs the real CLI in a subprocess and samples its resident memory. The point is that memory
-does not grow with the file: reading is streamed one session at a time.
+runs the real CLI in a subprocess and reads its peak resident memory from the OS (mtp_observe.memory:
+wait4's high-water mark, not sampled). The point is that memory does not grow with the file: reading
+is streamed one session at a time.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import psutil
+from mtp_observe.memory import run_measured
+
 
 WORDS = "order refund flight booking status account the a to of and for with please check update cancel item price".split()
 
@@ -71,21 +72,13 @@ def main() -> None:
 
     model = write_synthetic_checkpoint(work / "model", SyntheticSpec(shards=1))
     t0 = time.time()
-    proc = psutil.Popen([sys.executable, "-m", "mtp_observe", "sessions", str(data), "--model", str(model)],
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak = 0
-    while proc.poll() is None:
-        try:
-            peak = max(peak, proc.memory_info().rss)
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(0.2)
-    out, err = proc.communicate()
+    measured = run_measured([sys.executable, "-m", "mtp_observe", "sessions", str(data), "--model", str(model)])
     wall = time.time() - t0
-    print(out)
-    if proc.returncode != 0:
-        print(err)
-        raise SystemExit(proc.returncode)
+    print(measured.stdout)
+    if measured.returncode != 0:
+        print(measured.stderr)
+        raise SystemExit(measured.returncode)
+    peak = measured.peak_rss
     size = data.stat().st_size
     print(f"sessions over {size / 1e9:.2f} GB: {wall:.0f} s wall, {size / 1e6 / wall:.1f} MB/s, peak RSS {peak / 1e6:.0f} MB")
 

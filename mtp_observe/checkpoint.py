@@ -420,7 +420,7 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...],
 
 def _read_config(path: Path) -> dict:
     if not path.exists():
-        raise CheckpointError(f"{path}: model directory not found; pass --model DIR with a local checkpoint directory")
+        raise CheckpointError(f"{path}: model directory not found; pass a local checkpoint directory")
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory; pass the checkpoint directory, not a file inside it")
     cfg_path = path / "config.json"

@@ -18,7 +18,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import typer
 from rich.console import Console
@@ -26,12 +26,13 @@ from rich.table import Table
 
 from .errors import OptionError, UserError
 from .literal import literal, visible
+from .wording import plural
 
 app = typer.Typer(
     name="mtp-observe",
     help="Measure how often a Qwen3.5 checkpoint's MTP draft head would be accepted on recorded sessions.",
-    add_completion=False,
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
@@ -46,9 +47,28 @@ def say(console: Console, text, style=None) -> None:
     console.print(literal(text, style), soft_wrap=True)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        print(f"mtp-observe {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
     """mtp-observe: MTP draft-head acceptance on recorded sessions, as tables and a go/no-go gate."""
+
+
+# Fixed sets of values are Literal types: help lists them (<a|b|c>), the shell completes them, and a value
+# outside them is refused before the command runs (main words the refusal: `--format x: expected one of ...`).
+OnError = Literal["fail", "skip"]
+ReportFormat = Literal["table", "markdown", "json"]
+Dtype = Literal["auto", "float32", "bfloat16"]
+DEVICE_METAVAR = "<auto|cpu|cuda|cuda:N>"  # cuda:N is open-ended, so not a Choice; pipeline.resolve_device checks it
 
 
 def human_bytes(n: float) -> str:
@@ -58,16 +78,20 @@ def human_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+MODEL_HELP = "Checkpoint directory, or a Hugging Face id (ORG/NAME[@REVISION]) already in the local cache (never downloaded)."
+
+
 @app.command()
 def inspect(
-    model: Annotated[Path, typer.Argument(metavar="MODEL", help="Local checkpoint directory.")],
+    model: Annotated[Path, typer.Argument(metavar="MODEL", help=MODEL_HELP)],
     as_json: Annotated[bool, typer.Option("--json", help="Emit the numbers as JSON.")] = False,
 ) -> None:
     """What the head is: tensors, shapes, bytes, borrowed weights, draft-cost roofline (headers only)."""
     from .checkpoint import read_checkpoint
+    from .hub import resolve_model
     from .inventory import PRECISIONS, inventory_json, take_inventory
 
-    inv = take_inventory(read_checkpoint(model))
+    inv = take_inventory(read_checkpoint(resolve_model(model, "MODEL")))
     if as_json:
         print(json.dumps(inventory_json(inv), indent=2))
         return
@@ -78,7 +102,7 @@ def inspect(
     for k, v in inv.config.items():
         cfg.add_row(literal(k), literal(v))
     out.print(cfg)
-    t = Table(title=f"MTP head: {len(inv.head)} tensors")
+    t = Table(title=f"MTP head: {plural(len(inv.head), 'tensor')}")
     for c in ("tensor", "shape", "dtype", "bytes"):
         t.add_column(c, justify="right" if c == "bytes" else "left")
     for e in inv.head:
@@ -130,11 +154,13 @@ SEGMENT_STYLES = {"reasoning": "magenta", "text": "green", "tool_call": "cyan", 
 
 
 def _model_dir(model: Optional[Path]) -> Path:
-    """--model, or the bundled model, said on stdout (stderr is kept for the error line of a failure)."""
+    """--model (a directory, or a hub id in the local cache), or the bundled model, said on stdout (stderr is
+    kept for the error line of a failure)."""
+    from .hub import resolve_model
     from .pipeline import default_model_dir
 
     if model is not None:
-        return model
+        return resolve_model(model, "--model")
     path = default_model_dir()
     say(out, f"using the bundled default model ({path}); pass --model DIR for your own checkpoint")
     return path
@@ -162,9 +188,9 @@ def _check_on_error(on_error: str) -> None:
 @app.command()
 def sessions(
     files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Session JSONL files (.gz too), directories of them, or - for standard input.")],
-    model: Annotated[Optional[Path], typer.Option("--model", help="Checkpoint directory whose tokenizer and chat template render the sessions (default: the bundled model).")] = None,
+    model: Annotated[Optional[Path], typer.Option("--model", help="Checkpoint directory or cached Hugging Face id whose tokenizer and chat template render the sessions (default: the bundled model).")] = None,
     show: Annotated[Optional[str], typer.Option("--show", help="Render one session, scored spans coloured by segment.")] = None,
-    on_error: Annotated[str, typer.Option("--on-error", help="fail: stop at the first bad session; skip: warn, count it and go on.")] = "fail",
+    on_error: Annotated[OnError, typer.Option("--on-error", help="fail: stop at the first bad session; skip: warn, count it and go on.")] = "fail",
     chat_template: ChatTemplateOption = None,
     template_kwargs: TemplateKwargsOption = None,
 ) -> None:
@@ -192,7 +218,7 @@ def sessions(
         def tick(_item):
             seen[0] += 1
             if seen[0] % 100 == 0:
-                progress.update(task, description=f"{seen[0]:,} sessions")
+                progress.update(task, description=plural(seen[0], "session"))
 
         per_file, total, skipped = survey(files, renderer, on_error=on_error, on_session=tick)
     rows = list(per_file.items()) + ([("total", total)] if len(per_file) > 1 else [])
@@ -233,8 +259,8 @@ def _show_session(files, renderer, session_id: str, on_error: str) -> None:
             continue
         rendered = renderer.render(item)
         for req in rendered.requests:
-            out.rule(literal(f"session {item.id} · request {req.index} · {len(req.input_ids):,} tokens · "
-                             f"{len(req.spans)} scored turns"))
+            out.rule(literal(f"session {item.id} · request {req.index} · {plural(len(req.input_ids), 'token')} · "
+                             f"{plural(len(req.spans), 'scored turn')}"))
             text = Text()
             style_of = ["dim"] * len(req.input_ids)
             for sp in req.spans:
@@ -301,50 +327,20 @@ def _with_defaults(extra, model_dir: Path) -> tuple:
     return tuple(by_name.values())
 
 
-class _ProgressObserver:
-    """Draws sessions, tokens, tokens/s and ETA on stderr while a replay runs."""
-
-    def __init__(self, progress):
-        self.progress = progress
-        self.task = None
-        self.tokens = 0
-        self.started = None
-
-    def start(self, sessions: int) -> None:
-        import time
-
-        self.started = time.time()
-        self.task = self.progress.add_task("replaying", total=sessions, tokens="0 tokens", rate="")
-
-    def session(self, session_id: str, tokens: int, skipped: bool) -> None:
-        import time
-
-        self.tokens += tokens
-        elapsed = max(time.time() - self.started, 1e-9)
-        self.progress.update(self.task, advance=1, description=f"{'skipped' if skipped else 'replayed'} {visible(session_id)[:28]}",
-                             tokens=f"{self.tokens:,} tokens", rate=f"{self.tokens / elapsed:,.0f} tok/s")
-
-    def warn(self, message: str) -> None:
-        say(self.progress.console, f"skipped: {message}")
-
-    def note(self, message: str) -> None:
-        say(self.progress.console, f"note: {message}")
-
-
 @app.command()
 def replay(
     files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Session JSONL files (.gz too), directories of them, or - for standard input.")],
-    model: Annotated[Optional[Path], typer.Option("--model", help="Local checkpoint directory (default: the bundled model).")] = None,
+    model: Annotated[Optional[Path], typer.Option("--model", help="Checkpoint directory, or a Hugging Face id (ORG/NAME[@REVISION]) in the local cache (default: the bundled model).")] = None,
     k: Annotated[int, typer.Option("--k", help="Draft depth Kmax; one replay answers every K <= Kmax.")] = 4,
-    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run directory (default: reports/run-<time>).")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", "-o", help="Run directory (default: reports/run-<time>).")] = None,
     chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill chunk (tokens) for the target and the head's row pass.")] = 2048,
     sampling: Annotated[Optional[list[str]], typer.Option("--sampling", help="Extra sampling profile NAME=T,TOP_P,TOP_K[,PRESENCE[,FREQUENCY[,REPETITION[,MIN_P]]]] (repeatable; the Qwen3.5 card's four, greedy and generation_config are built in).")] = None,
     recorded_with: Annotated[Optional[str], typer.Option("--recorded-with", help="The sampler the sessions were recorded with: greedy, a profile NAME, or NAME=T,TOP_P,TOP_K[,...] (default: the report names the best fit).")] = None,
-    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")] = "auto",
-    dtype: Annotated[str, typer.Option("--dtype", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16")] = "auto",
+    device: Annotated[str, typer.Option("--device", metavar=DEVICE_METAVAR, help="Where the target runs (auto: cuda if available).")] = "auto",
+    dtype: Annotated[Dtype, typer.Option("--dtype", help="auto: bfloat16 on CUDA, float32 on CPU.")] = "auto",
     resume: Annotated[bool, typer.Option("--resume", help="Continue an unfinished run in --out without recomputing finished sessions.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the run in --out.")] = False,
-    on_error: Annotated[str, typer.Option("--on-error", help="fail | skip: a bad session stops the run, or is recorded in run.json and skipped.")] = "fail",
+    on_error: Annotated[OnError, typer.Option("--on-error", help="fail: a bad session stops the run; skip: it is recorded in run.json and skipped.")] = "fail",
     max_sessions: Annotated[Optional[int], typer.Option("--max-sessions", help="Replay at most N sessions (counted in input order).")] = None,
     device_map: Annotated[Optional[str], typer.Option("--device-map", help="auto: spread a target too large for one GPU over all visible GPUs (needs accelerate).")] = None,
     chat_template: ChatTemplateOption = None,
@@ -356,15 +352,18 @@ def replay(
     suffix_max_spec_factor: Annotated[float, typer.Option("--suffix-max-spec-factor", help="vLLM's suffix_decoding_max_spec_factor (draft at most factor x match length + offset).")] = 1.0,
     suffix_max_spec_offset: Annotated[float, typer.Option("--suffix-max-spec-offset", help="Arctic's max_spec_offset (vLLM leaves it 0).")] = 0.0,
     suffix_min_token_prob: Annotated[float, typer.Option("--suffix-min-token-prob", help="vLLM's suffix_decoding_min_token_prob.")] = 0.1,
+    part_sessions: Annotated[int, typer.Option("--part-sessions", metavar="N", help="Write the run's Parquet parts N sessions at a time at most (fewer when a part reaches 2M rows or a minute's work); 1: one part per session.")] = 256,
+    progress_every: Annotated[float, typer.Option("--progress-every", metavar="SECONDS", help="Without a terminal (a CI log): print the progress line to stderr every SECONDS (0: never).")] = 30.0,
 ) -> None:
     """Replay sessions through the target with the MTP head (and other drafters) alongside; write the run directory."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
     from .drafters.roster import NEEDS_MTP, parse_drafters
     from .drafters.suffix import SuffixConfig
     from .pipeline import ReplayOptions, default_run_dir, replay as run_replay
+    from .progress import ProgressDisplay
 
     _check_on_error(on_error)
+    if progress_every < 0:
+        raise OptionError(f"--progress-every {progress_every:g}: expected seconds >= 0 (0: no progress lines)")
     names = parse_drafters(drafters)
     ngram_config = _parse_ngram(ngram)
     suffix_config = SuffixConfig(max_tree_depth=suffix_max_tree_depth, max_cached_requests=suffix_max_cached_requests,
@@ -383,26 +382,31 @@ def replay(
                          profiles=_with_defaults(extra, model_dir) if not model_free else (), recorded_with=declared,
                          on_error=on_error, max_sessions=max_sessions, resume=resume, overwrite=overwrite,
                          device_map=device_map, template=overrides, drafters=names, ngram=ngram_config,
-                         suffix=suffix_config)
+                         suffix=suffix_config, part_sessions=part_sessions)
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
     try:
-        # Drawn only on a terminal, and cleared when it stops: a failure leaves its error line alone.
-        with Progress(TextColumn("{task.description:<40}", markup=False), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("sessions"), TextColumn("{task.fields[tokens]}", markup=False),
-                      TextColumn("{task.fields[rate]}", markup=False), TimeRemainingColumn(),
-                      console=err, transient=True, disable=not (rank0 and err.is_terminal)) as progress:
-            run_dir = run_replay(files, model_dir, out_path, opts, bundled=bundled,
-                                 observer=_ProgressObserver(progress) if rank0 else None)
+        # A live line on a terminal, cleared when it stops (a failure leaves its error line alone); a plain
+        # line every --progress-every seconds without one.
+        with ProgressDisplay(err, live=rank0 and err.is_terminal, every_s=progress_every if rank0 else 0, say=say) as progress:
+            run_dir = run_replay(files, model_dir, out_path, opts, bundled=bundled, observer=progress if rank0 else None)
     except KeyboardInterrupt:  # run.json says "failed"; every finished session's part is complete on disk
         if rank0:
-            from .tables import done_parts
-
-            done = len(done_parts(out_path))  # a session is finished once both of its parts are on disk
-            say(err, f"interrupted: {done} finished session{'s are' if done != 1 else ' is'} kept in {out_path}; "
+            done = _sessions_kept(out_path)
+            say(err, f"interrupted: {plural(done, 'finished session')} {'is' if done == 1 else 'are'} kept in {out_path}; "
                      f"continue with the same command and --out {out_path} --resume")
         raise typer.Exit(130)
     if rank0:
         _print_replay_summary(run_dir)
+
+
+def _sessions_kept(run_dir: Path) -> int:
+    """The sessions an interrupted replay left on disk, as its run.json counts them (parts.counts_on_disk)."""
+    from .tables import read_manifest
+
+    try:
+        return int(read_manifest(run_dir).get("counts", {}).get("sessions_ok", 0))
+    except (UserError, ValueError, TypeError):
+        return 0
 
 
 class _GenerationProgress:
@@ -438,17 +442,17 @@ class _GenerationProgress:
 def generate(
     files: Annotated[list[Path], typer.Argument(metavar="SESSIONS", help="Session JSONL files (.gz too), directories of them, or - for standard input.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Token-level JSONL to write, one record per session (replaced atomically; <OUT>.partial while it runs).")],
-    model: Annotated[Optional[Path], typer.Option("--model", help="Local checkpoint directory (default: the bundled model).")] = None,
+    model: Annotated[Optional[Path], typer.Option("--model", help="Checkpoint directory, or a Hugging Face id (ORG/NAME[@REVISION]) in the local cache (default: the bundled model).")] = None,
     sampling: Annotated[str, typer.Option("--sampling", help="greedy, generation_config (the checkpoint's sampler, vLLM's default), a built-in profile (thinking_general, thinking_coding, instruct_general, instruct_reasoning) or NAME=T,TOP_P,TOP_K[,PRESENCE[,FREQUENCY[,REPETITION[,MIN_P]]]].")] = "generation_config",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Stop a turn after this many tokens if it has not ended.")] = 1024,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sampler; each turn draws from its own generator, seeded from this and the turn.")] = 0,
     speculative: Annotated[Optional[int], typer.Option("--speculative", help="Generate with the MTP head drafting K tokens and the target verifying them (one turn at a time); the steps' accepted lengths go into meta.speculative.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Turns generated together (left-padded, with the model's cache).")] = 8,
     chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill tokens per forward (shared by the batch's rows).")] = 2048,
-    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")] = "auto",
-    dtype: Annotated[str, typer.Option("--dtype", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16")] = "auto",
+    device: Annotated[str, typer.Option("--device", metavar=DEVICE_METAVAR, help="Where the target runs (auto: cuda if available).")] = "auto",
+    dtype: Annotated[Dtype, typer.Option("--dtype", help="auto: bfloat16 on CUDA, float32 on CPU.")] = "auto",
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted output (or add sessions to a finished one) without regenerating its sessions.")] = False,
-    on_error: Annotated[str, typer.Option("--on-error", help="fail | skip: a bad session stops the run, or is reported and left out.")] = "fail",
+    on_error: Annotated[OnError, typer.Option("--on-error", help="fail: a bad session stops the run; skip: it is reported and left out.")] = "fail",
     chat_template: ChatTemplateOption = None,
     template_kwargs: TemplateKwargsOption = None,
 ) -> None:
@@ -477,15 +481,15 @@ def generate(
             say(err, "interrupted before any session was written; nothing is kept")
         raise typer.Exit(130)
     p = summary.profile
-    say(out, f"generated {summary.turns:,} turns ({summary.tokens:,} tokens, {summary.tokens_per_s:,.1f} tok/s; "
-             f"{summary.prompt_tokens:,} prompt tokens prefilled) with "
+    say(out, f"generated {plural(summary.turns, 'turn')} ({plural(summary.tokens, 'token')}, {summary.tokens_per_s:,.1f} tok/s; "
+             f"{plural(summary.prompt_tokens, 'prompt token')} prefilled) with "
              f"{p.name} (T {p.temperature:g}, top-p {p.top_p:g}, top-k {p.top_k}, min-p {p.min_p:g}, presence "
              f"{p.presence_penalty:g}, frequency {p.frequency_penalty:g}, repetition {p.repetition_penalty:g}), seed {seed}"
              + (f", --speculative {speculative}" if speculative else ""))
     kept = f" ({summary.kept} kept from the resumed output)" if summary.kept else ""
-    dropped = f"; {summary.dropped} one-token turns left out" if summary.dropped else ""
-    skipped = f"; {len(summary.skipped)} sessions skipped" if summary.skipped else ""
-    say(out, f"wrote {summary.sessions + summary.kept} sessions to {output}{kept}{dropped}{skipped}")
+    dropped = f"; {plural(summary.dropped, 'one-token turn')} left out" if summary.dropped else ""
+    skipped = f"; {plural(len(summary.skipped), 'session')} skipped" if summary.skipped else ""
+    say(out, f"wrote {plural(summary.sessions + summary.kept, 'session')} to {output}{kept}{dropped}{skipped}")
     say(out, f"next: mtp-observe replay {output}" + (f" --model {model}" if model is not None else "")
              + (f" --k {speculative}" if speculative and speculative > 4 else ""))
 
@@ -504,8 +508,9 @@ def _print_replay_summary(run_dir: Path) -> None:
     m, c = run.manifest, run.manifest["counts"]
     rep = summarize(run, drafter_cost(resolve_cost(run), run.drafter), replicates=200, seed=0)
     v = rep.overall.value
-    t = Table(title=f"replay: {c['sessions_ok']} sessions ({c['sessions_skipped']} skipped), {c['requests']} requests, "
-                    f"{c['tokens_replayed']:,} tokens, {c['anchors']:,} anchors · {m['timing']['tokens_per_s']:,} tok/s")
+    t = Table(title=f"replay: {plural(c['sessions_ok'], 'session')} ({c['sessions_skipped']:,} skipped), "
+                    f"{plural(c['requests'], 'request')}, {plural(c['tokens_replayed'], 'token')}, "
+                    f"{plural(c['anchors'], 'anchor')} · {m['timing']['tokens_per_s']:,} tok/s")
     t.add_column("K / depth k", justify="right")
     t.add_column("α_k (conditional)", justify="right")
     t.add_column("A_k (per position)", justify="right")
@@ -594,12 +599,13 @@ def report(
                                                          "(overrides run.json; default: the best-fitting candidate).")] = None,
     min_support: Annotated[float, typer.Option("--min-support", "--min-on-policy", help="A sampler fits the traffic only if at "
                                                "least this share of the recorded tokens is in its support.")] = 0.95,
-    fmt: Annotated[str, typer.Option("--format", help="table, markdown or json.")] = "table",
+    fmt: Annotated[Optional[ReportFormat], typer.Option("--format", help="How the report is printed (default: table).")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Write acceptance by depth and speedup vs K to this PNG.")] = None,
     baseline: Annotated[Optional[Path], typer.Option(help="Another run: show the tables as differences from it.")] = None,
     probe: Annotated[Optional[Path], typer.Option(help="probe.json from `mtp-observe probe`: measured c and v(K).")] = None,
     draft_cost: Annotated[Optional[float], typer.Option(help="c = draft step / target decode step (default: roofline).")] = None,
-    heatmap: Annotated[Optional[str], typer.Option(help="Show this session's text coloured by accepted length.")] = None,
+    heatmap: Annotated[Optional[str], typer.Option(help="Show this session's text coloured by accepted length (alone: only that; "
+                                                        "with --format/--gate/--plot/--baseline/--probe/--draft-cost: after the report).")] = None,
     html: Annotated[Optional[Path], typer.Option(help="Write the --heatmap session as a standalone HTML page.")] = None,
     replicates: Annotated[int, typer.Option(help="Bootstrap resamples of sessions.")] = 1000,
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
@@ -619,6 +625,8 @@ def report(
     from .report import parse_gate, read_and_summarize, report_json
     from .presentation import markdown, plot as draw, print_rich
 
+    report_too = heatmap is None or fmt is not None or any(x is not None for x in (gate, plot, baseline, probe, draft_cost))
+    fmt = fmt or "table"
     if fmt not in REPORT_FORMATS:
         raise OptionError(f"--format {fmt}: expected one of {', '.join(REPORT_FORMATS)}")
     if html is not None and heatmap is None:
@@ -627,11 +635,21 @@ def report(
     check_writable(html, "--html", (".html", ".htm"))
     if heatmap is not None and html is None and fmt != "table":
         raise OptionError(f"--heatmap prints to the terminal, which --format {fmt} keeps for the report: add --html FILE")
+    loaded, view = None, None
+    if heatmap is not None:  # the id is checked before any computing, and the heatmap alone is all that is shown
+        from .heatmap import session_view
+        from .report import load_run, newest_run
+
+        loaded = load_run(run if run is not None else newest_run("reports"), drafter)
+        view = session_view(loaded, heatmap)
+        if not report_too:
+            _show_heatmap(view, html)
+            return
     reading = read_and_summarize(run, drafter=drafter, baseline=baseline, probe=probe, draft_cost=draft_cost,
                                  gate=parse_gate(gate) if gate is not None else None, min_support=min_support,
                                  recorded_with=recorded_with, replicates=replicates, seed=seed, batch=batch,
                                  batch_sizes=parse_batches(batch_sizes) if batch_sizes is not None else None,
-                                 device_spec=device_spec, context=context)
+                                 device_spec=device_spec, context=context, loaded=loaded)
     result, comparison = reading.report, reading.comparison
     if fmt == "json":
         print(json.dumps(report_json(result, comparison), indent=2))
@@ -642,15 +660,19 @@ def report(
     sys.stdout.flush()
     if plot is not None:
         write_output(plot, "--plot", lambda p: draw(result, p, comparison))
-    if heatmap is not None:
-        from .heatmap import html_page, print_terminal, session_view
-
-        view = session_view(reading.run, heatmap)
-        if html is not None:
-            write_output(html, "--html", lambda p: p.write_text(html_page(view), encoding="utf-8"))
-        else:
-            print_terminal(view, out)
+    if view is not None:
+        _show_heatmap(view, html)
     raise typer.Exit(code=result.verdict.exit_code)
+
+
+def _show_heatmap(view, html: Optional[Path]) -> None:
+    """The --heatmap session on the terminal, or as the --html page."""
+    from .heatmap import html_page, print_terminal
+
+    if html is not None:
+        write_output(html, "--html", lambda p: p.write_text(html_page(view), encoding="utf-8"))
+    else:
+        print_terminal(view, out)
 
 
 @app.command()
@@ -724,11 +746,11 @@ def compare(
 
 @app.command()
 def probe(
-    model: Annotated[Path, typer.Argument(metavar="MODEL", help="Local checkpoint directory.")],
+    model: Annotated[Path, typer.Argument(metavar="MODEL", help=MODEL_HELP)],
     context: Annotated[int, typer.Option(help="Tokens in the caches before each timed step (per sequence).")] = 4096,
     k: Annotated[int, typer.Option("--k", help="Time the verify of K+1 tokens for K = 1..k.")] = 4,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    dtype: Annotated[str, typer.Option(help="auto (bfloat16 on CUDA, float32 on CPU), float32 or bfloat16.")] = "auto",
+    device: Annotated[str, typer.Option(metavar=DEVICE_METAVAR, help="Where the step runs (auto: cuda if available).")] = "auto",
+    dtype: Annotated[Dtype, typer.Option(help="auto: bfloat16 on CUDA, float32 on CPU.")] = "auto",
     repeats: Annotated[int, typer.Option(help="Timed repeats; the median is reported.")] = 20,
     batch: Annotated[str, typer.Option("--batch", help="Batch sizes to time, e.g. 1,2,4,8 (batch 1 is always timed).")] = "1",
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write probe.json.")] = Path("probe.json"),
@@ -740,7 +762,9 @@ def probe(
 
     sizes = parse_batches(batch, "--batch")
     check_writable(output, "--output")
-    result = measure(model, context=context, k=k, device=device, dtype=dtype, repeats=repeats, batch=sizes)
+    from .hub import resolve_model
+
+    result = measure(resolve_model(model, "MODEL"), context=context, k=k, device=device, dtype=dtype, repeats=repeats, batch=sizes)
     data = probe_json(result)
     write_json_atomic(output, data, hint="free space or choose another --output")
     ms = 1e3
@@ -783,7 +807,7 @@ def import_(
     output: Annotated[Path, typer.Option("--output", "-o", help="Canonical session JSONL to write (replaced atomically).")],
     tools: Annotated[Optional[Path], typer.Option("--tools", help="OpenAI tool schemas (JSON list) for logs that lack them (used only where the log holds none).")] = None,
     system_template: Annotated[Optional[Path], typer.Option("--system-template", help="tau2-bench agent system prompt template with {domain_policy} (default: agent_system_prompt_template.txt beside the file).")] = None,
-    on_error: Annotated[str, typer.Option("--on-error", help="fail: stop at the first bad record and write nothing; skip: warn, count it and go on.")] = "fail",
+    on_error: Annotated[OnError, typer.Option("--on-error", help="fail: stop at the first bad record and write nothing; skip: warn, count it and go on.")] = "fail",
 ) -> None:
     """Convert real agent logs to canonical session JSONL (one session per line), validated."""
     from .importers import FORMATS, OPTIONS_READ, Options, import_files
@@ -803,9 +827,9 @@ def import_(
     for c in counts:
         notes = [c.format] + ([c.note] if c.note else []) + ([f"{len(c.skipped)} skipped"] if c.skipped else [])
         notes += [f"{n} {kind.replace('_', ' ')} dropped" for kind, n in sorted(c.dropped.items())]
-        say(out, f"{c.path}: {c.sessions} session{'s' if c.sessions != 1 else ''} ({', '.join(notes)})")
+        say(out, f"{c.path}: {plural(c.sessions, 'session')} ({', '.join(notes)})")
     total = sum(c.sessions for c in counts)
-    say(out, f"wrote {total} sessions to {output}")
+    say(out, f"wrote {plural(total, 'session')} to {output}")
 
 
 def _quiet_libraries() -> None:
@@ -815,6 +839,18 @@ def _quiet_libraries() -> None:
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     warnings.simplefilter("ignore")
+
+
+def _choice_refusal(message: str) -> Optional[str]:
+    """click's "Invalid value for '--format': 'x' is not one of 'table', 'markdown', 'json'." in this tool's
+    words, "--format x: expected one of table, markdown, json"; None for any other message."""
+    import re
+
+    m = re.fullmatch(r"Invalid value for '([^']+)': (?:Value error, )?'(.*)' is not one of (.*)\.", message, re.S)
+    if m is None:
+        return None
+    listed = ", ".join(re.findall(r"'([^']*)'", m.group(3)))
+    return f"{m.group(1)} {m.group(2)}: expected one of {listed}"
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -842,6 +878,10 @@ def main(argv: Optional[list[str]] = None) -> None:
             say(err, "aborted")
             sys.exit(130)
         if hasattr(e, "format_message") and hasattr(e, "exit_code") and not debug:
+            choice = _choice_refusal(e.format_message())
+            if choice is not None:
+                say(err, f"error: {choice}")
+                sys.exit(2)
             ctx = getattr(e, "ctx", None)
             hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
             say(err, f"error: {e.format_message()}{hint}")

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow.dataset as pads
 
 from .errors import OptionError
-from .literal import literal, visible
+from .literal import prose, visible
 from .report import Run, read_dataset
 
 # Pastel red -> yellow -> green, legible under black text.
@@ -39,10 +39,16 @@ class Piece:
 @dataclass(frozen=True)
 class TurnView:
     request: int
-    turn: int
+    turn: int  # the index of the assistant message in the session's messages (what positions.parquet `turn` holds)
     start: int  # s
     end: int  # e
     pieces: tuple[Piece, ...]
+    assistant_turn: int = 0  # 1 for the session's first assistant message, 2 for the next, ...
+
+    @property
+    def label(self) -> str:
+        """'assistant turn 3 (message 6)': the turn as a reader counts it, and the message index the tables keep."""
+        return f"assistant turn {self.assistant_turn} (message {self.turn})"
 
     @property
     def mean_accepted(self) -> float:
@@ -126,7 +132,9 @@ def session_view(run: Run, session_id: str) -> SessionView:
     accepted = {(int(r.request[i]), int(r.pos[i])): int(run.accepted_len[r.anchor[i]]) for i in mine if r.depth[i] == 1}
 
     turns = []
-    for j in np.flatnonzero(run.spans.session == code):
+    mine_spans = np.flatnonzero(run.spans.session == code)
+    ordinal = {t: n for n, t in enumerate(sorted({int(run.spans.turn[j]) for j in mine_spans}), start=1)}
+    for j in mine_spans:
         request, s, e = int(run.spans.request[j]), int(run.spans.start[j]), int(run.spans.end[j])
         ids = list(input_ids[request][s : e + 1])
         pieces = []
@@ -134,7 +142,8 @@ def session_view(run: Run, session_id: str) -> SessionView:
             p = s + g0
             pieces.append(Piece(text=text, ids=tuple(ids[g0 : g1 + 1]), position=p, accepted=accepted.get((request, p)),
                                 drafts=tuple(decode([d]) for d in drafts.get((request, p), []))))
-        turns.append(TurnView(request=request, turn=int(run.spans.turn[j]), start=s, end=e, pieces=tuple(pieces)))
+        turn = int(run.spans.turn[j])
+        turns.append(TurnView(request=request, turn=turn, start=s, end=e, pieces=tuple(pieces), assistant_turn=ordinal[turn]))
     return SessionView(session_id=session_id, run=run.path, k=run.k, turns=tuple(turns), decoded=tokenizer is not None,
                        note=note)
 
@@ -146,7 +155,7 @@ def _legend(k: int) -> list[tuple[str, str]]:
 def print_terminal(view: SessionView, console) -> None:
     from rich.text import Text
 
-    console.print(literal(f"session {view.session_id} — each token coloured by the accepted length at its anchor"), soft_wrap=True)
+    prose(console, f"session {view.session_id} — each token coloured by the accepted length at its anchor")
     legend = Text("accepted length: ")
     for label, hex_colour in _legend(view.k):
         legend.append(f" {label} ", style=f"black on {hex_colour}")
@@ -154,11 +163,11 @@ def print_terminal(view: SessionView, console) -> None:
     legend.append(" no anchor ", style="dim")
     console.print(legend)
     if view.note:
-        console.print(literal(f"note: {view.note}", "yellow"), soft_wrap=True)
+        prose(console, f"note: {view.note}", "yellow")
     for t in view.turns:
         console.print()
-        console.print(literal(f"── request {t.request} · turn {t.turn} · tokens {t.start}..{t.end} · "
-                              f"mean accepted length {t.mean_accepted:.2f}", "bold"), soft_wrap=True)
+        prose(console, f"── request {t.request} · {t.label} · tokens {t.start}..{t.end} · "
+                       f"mean accepted length {t.mean_accepted:.2f}", "bold")
         text = Text()
         for piece in t.pieces:
             style = "dim" if piece.accepted is None else f"black on {colour(piece.accepted, view.k)}"
@@ -181,7 +190,7 @@ def html_page(view: SessionView) -> str:
             tip = f"pos {piece.position}: accepted {piece.accepted}/{view.k}; drafted {drafted}"
             spans.append(f'<span class="t" style="background:{colour(piece.accepted, view.k)}" '
                          f'title="{html.escape(tip, quote=True)}">{html.escape(piece.text)}</span>')
-        body.append(f"<h3>request {t.request} · turn {t.turn} · tokens {t.start}..{t.end} · mean accepted length "
+        body.append(f"<h3>request {t.request} · {t.label} · tokens {t.start}..{t.end} · mean accepted length "
                     f"{t.mean_accepted:.2f}</h3>\n<pre>{''.join(spans)}</pre>")
     note = f'<p class="note">note: {html.escape(view.note)}</p>' if view.note else ""
     title = html.escape(f"mtp-observe heatmap: {view.session_id}")

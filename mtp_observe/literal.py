@@ -59,3 +59,9 @@ _MARKDOWN = re.compile(r"([\\`*_\[\]<>|~&$#:@!])")
 def markdown_literal(text) -> str:
     """visible(text), with what Markdown would interpret escaped so that it renders as written."""
     return _MARKDOWN.sub(r"\\\1", visible(text))
+
+
+def prose(console, text: str, style=None) -> None:
+    """A line of (possibly user-controlled) prose, printed literally: on a terminal wrapped at word boundaries
+    (never mid-word) to its width; piped or into a file kept as one line (a log greps whole lines)."""
+    console.print(literal(text, style), soft_wrap=not console.is_terminal)

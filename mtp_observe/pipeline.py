@@ -116,6 +116,7 @@ class ReplayOptions:
     drafters: tuple = ("mtp",)  # --drafters, drafters.roster names in the order given
     ngram: object = None  # drafters.ngram.NgramConfig (--ngram MIN,MAX); None: vLLM's defaults
     suffix: object = None  # drafters.suffix.SuffixConfig (--suffix-*); None: vLLM's defaults
+    part_sessions: int = 256  # sessions per part file at most (parts.py; 1: a part per session, as before grouping)
 
 
 class Observer:
@@ -123,7 +124,17 @@ class Observer:
 
     def start(self, sessions: int) -> None: ...
 
-    def session(self, session_id: str, tokens: int, skipped: bool) -> None: ...
+    def session_start(self, session_id: str, tokens: int, requests: int) -> None:
+        """A session is about to be replayed: its tokens (all its requests') and requests."""
+
+    def request(self, index: int) -> None:
+        """Request `index` (0-based) of the current session starts."""
+
+    def tokens(self, n: int) -> None:
+        """n more tokens of the current session are done (a prefill chunk, or a prefix reused from the request before)."""
+
+    def session(self, session_id: str, tokens: int, skipped: bool) -> None:
+        """A session ended: replayed, skipped, or (no session_start before it) found finished by --resume."""
 
     def warn(self, message: str) -> None: ...
 
@@ -160,7 +171,7 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
 
 def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size: int,
                    carry: Carry | None = None, keep_at: int | None = None, drafters=None,
-                   keep: int | None = None, recorder=None) -> tuple[dict, dict, Carry | None]:
+                   keep: int | None = None, recorder=None, on_tokens=None) -> tuple[dict, dict, Carry | None]:
     """One request through the target and the head: the columns of its rows, the recording-sampler sums
     of its spans (RequestResult.fit), and what the next request reuses.
 
@@ -171,7 +182,8 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
        log-probs, sampler probs, the fit sums (the penalties read each turn's prompt and output so far)
     4. rows
     Rows depend only on the tokens (causal attention), so reusing a prefix changes nothing measured
-    beyond floating-point rounding of where chunk boundaries fall.
+    beyond floating-point rounding of where chunk boundaries fall. on_tokens(n), if given, hears each
+    prefill chunk's tokens (and the reused prefix's) as they are done: the progress line.
 
     drafters (a drafters.roster.Roster): every drafter of the roster drafts at the same anchors (fed the
     head's drafts for the hybrids; keep: the prefix the next request shares, a hint for suffix decoding)
@@ -193,7 +205,10 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     index = row_index(plan, k_max)
     if recorder is not None:  # routing.RouterRecorder: the MoE routers' picks during this prefill
         recorder.begin_request()
-    hidden, kept = prefill(model.target, ids, chunk_size, prefix=carry.target if carry else None, keep_at=keep_at)  # 1
+    if on_tokens is not None and carry is not None:
+        on_tokens(carry.length)
+    hidden, kept = prefill(model.target, ids, chunk_size, prefix=carry.target if carry else None, keep_at=keep_at,
+                           on_chunk=on_tokens)  # 1
     if recorder is not None:
         recorder.end_request(carry.length if carry else 0, [(sp.start, sp.end) for sp in request.spans])
     P = carry.length - 1 if carry else 0  # rows 0..P-1 come from the previous request
@@ -334,23 +349,29 @@ def check_finite(columns: dict, head=None) -> None:
 
 
 def replay_session(model: LoadedModel | None, requests, k_max: int, profiles, chunk_size: int,
-                   drafters=None, recorder=None) -> list[RequestResult]:
+                   drafters=None, recorder=None, observer: Observer | None = None) -> list[RequestResult]:
     """Every request of one session, in order, each starting from the prefix it shares with the one before.
     model None: the model-free drafters of `drafters` alone (no weights, no target). recorder
-    (routing.RouterRecorder) accumulates the session's router window sums."""
+    (routing.RouterRecorder) accumulates the session's router window sums. observer: hears each request start
+    and its tokens as they are done (Observer.request, .tokens)."""
     out, carry = [], None
     for r, request in enumerate(requests):
+        if observer is not None:
+            observer.request(r)
         after = requests[r + 1].input_ids if r + 1 < len(requests) else None
         shared = shared_prefix(request.input_ids, after) if after is not None else 0
         if model is None:
             columns, fit = model_free_request(request, k_max, drafters, keep=shared)
             out.append(RequestResult(request.index, columns, fit))
+            if observer is not None:
+                observer.tokens(len(request.input_ids))
             continue
         keep_at = shared if after is not None else None
         if keep_at is not None and keep_at >= len(request.input_ids):
             keep_at = len(request.input_ids) - 1  # the next request extends this one: keep all but the last token
         columns, fit, carry = replay_request(model, request, k_max, profiles, chunk_size, carry=carry, keep_at=keep_at,
-                                             drafters=drafters, keep=shared, recorder=recorder)
+                                             drafters=drafters, keep=shared, recorder=recorder,
+                                             on_tokens=observer.tokens if observer is not None else None)
         out.append(RequestResult(request.index, columns, fit))
     return out
 
@@ -420,6 +441,8 @@ def _check_options(opts: ReplayOptions) -> None:
                           "acceptances; engines draft 1-8)")
     if opts.chunk_size < 1:
         raise OptionError(f"--chunk-size {opts.chunk_size}: must be at least 1")
+    if opts.part_sessions < 1:
+        raise OptionError(f"--part-sessions {opts.part_sessions}: must be at least 1 (sessions per part file)")
     if opts.on_error not in ("fail", "skip"):
         raise OptionError(f"--on-error {opts.on_error}: expected fail or skip")
     if opts.device_map not in (None, "auto"):
@@ -540,8 +563,9 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
 
     Under torchrun every rank replays the sessions it owns (input index modulo world size) and
     writes their parts; rank 0 locks and prepares the directory, gathers counts and errors once
-    every rank has finished, writes the manifest and lets go of the lock. Part names depend on the
-    session alone, so a run's files are the same whatever the number of ranks.
+    every rank has finished, writes the manifest and lets go of the lock. Each rank groups its own
+    sessions into parts named by their first session (parts.py), so the rows are the same whatever the
+    number of ranks and --resume reads any grouping, though the part files differ.
     """
     from . import tables
     from .errors import UserError
@@ -807,7 +831,26 @@ MAX_KEYS = ("max_request_tokens",)  # counts merged by their maximum, not their 
 
 def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel | None, ranks: Ranks, observer: Observer,
                      fallback, roster=None, model_dir: Path | None = None) -> dict:
-    """Replay the sessions this rank owns; finished parts of a resumed run are kept. Returns its counts and errors.
+    """Replay the sessions this rank owns into grouped parts (parts.PartWriter); whatever stops it (a failure,
+    Ctrl-C), the sessions it finished are written first. Returns its counts and errors."""
+    from . import parts
+
+    writer = parts.PartWriter(out, max_sessions=opts.part_sessions)
+    try:
+        result = _replay_owned(files, out, opts, model, ranks, observer, fallback, roster, model_dir, writer)
+    except BaseException:
+        try:
+            writer.flush()
+        except Exception:  # e.g. the disk that failed the run is still full: its own error is what the user sees
+            pass
+        raise
+    writer.flush()
+    return result
+
+
+def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | None, ranks: Ranks, observer: Observer,
+                  fallback, roster, model_dir: Path | None, writer) -> dict:
+    """Replay the sessions this rank owns; finished sessions of a resumed run are kept. Returns its counts and errors.
 
     model None: a model-free replay (the roster's drafters alone, no target). When a drafter keeps state across
     requests (suffix decoding's global tree), every session of the input reaches it in input order: the ones this
@@ -816,7 +859,7 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel |
     ranks or on resuming."""
     import time
 
-    from . import tables
+    from . import parts, tables
     from .rendering import Renderer
     from .sessions import SessionError, Skipped, input_name, read_sessions, speculative_steps
 
@@ -831,7 +874,9 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel |
     server_default = (generation_config_profile(model.info.path) or VLLM_DEFAULTS) if model is not None else None
     names = [p.name for p in opts.profiles] + [RECORDED] if model is not None else []
     draft_ks = [kk for n in roster.names for kk in roster_draft_ks(n, opts.k)]
-    done = tables.done_parts(out)
+    finished = parts.finished_sessions(out, opts.k, draft_ks if with_drafters else None, on_damaged=lambda path, why:
+                                       observer.note(f"{path}: {why}; recomputing its sessions")) if ranks.rank == 0 else None
+    finished = ranks.from_rank0(finished)  # rank 0 checks (and repairs) the parts once, before anyone writes
     counts = dict.fromkeys(COUNT_KEYS + MAX_KEYS, 0)
     errors: list[dict] = []
     per_file = {input_name(f): 0 for f in files}
@@ -869,15 +914,9 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel |
         if isinstance(item, Skipped):
             skip(item.index, item.path, item.line, item.session_id, item.message)
             continue
-        name = tables.part_name(item.index)
-        c = None
-        if name in done:
-            c, damaged = tables.finished_part(out, name, opts.k, item.id, draft_ks if with_drafters else None)
-            if c is None:  # e.g. a part cut short by a full disk or a bad copy: never kept, recomputed
-                observer.note(f"{out / tables.POSITIONS / name} (session {item.id}): {damaged}; recomputing it")
-                tables.remove_part(out, name)
-            elif roster.stateful:
-                feed(tables.part_requests(out, name))
+        c = finished[item.id].counts if item.id in finished else None  # a resumed run's finished session
+        if c is not None and roster.stateful:
+            feed(tables.part_requests(out, finished[item.id].part, item.id))
         if c is None:
             try:
                 rendered = renderer.render(item)
@@ -890,8 +929,10 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel |
                 continue
             profiles = tuple(opts.profiles) + (recorded,) if model is not None else ()
             try:
+                observer.session_start(item.id, rendered.n_tokens, len(rendered.requests))
                 per_request = replay_session(model, rendered.requests, opts.k, profiles, opts.chunk_size,
-                                             drafters=roster if with_drafters else None, recorder=recorder)
+                                             drafters=roster if with_drafters else None, recorder=recorder,
+                                             observer=observer)
             except NonFiniteOutput as e:
                 raise CheckpointError(f"{model.info.path}: {e} in session {item.id} ({item.path}:{item.line}); the "
                                       f"weights hold NaN/inf or overflow in {str(model.dtype).removeprefix('torch.')}: "
@@ -902,8 +943,7 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel |
             requests = tables.requests_table(item.id, rendered.requests, [r.fit for r in per_request], names,
                                              {"source": source, **recorded.as_dict()} if model is not None else None,
                                              speculative, routing=recorder.take() if recorder is not None else None)
-            tables.write_part(positions, out / tables.POSITIONS, name)  # positions first: a session is
-            tables.write_part(requests, out / tables.REQUESTS, name)  # done once both parts exist
+            writer.add(item.index, positions, requests)  # written with the sessions before and after it (parts.py)
             c = {"requests": len(rendered.requests), "tokens_replayed": rendered.n_tokens,
                  "scored_tokens": rendered.scored_tokens, "rows": positions.num_rows,
                  "anchors": sum(max(sp.end - max(sp.start, 1), 0) for r in rendered.requests for sp in r.spans),
@@ -926,8 +966,15 @@ def _finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> N
     counts.update({key: max(r.get("counts", {}).get(key, 0) for r in results) for key in MAX_KEYS})
     errors = sorted((e for r in results for e in r.get("errors", [])), key=lambda e: e["index"])
     manifest["errors"] = [{k: v for k, v in e.items() if k != "index"} for e in errors]
-    manifest["counts"] = counts
     failures = [r["failure"] for r in results if r.get("failure") is not None]
+    if failures:  # what the parts on disk hold (every rank flushed what it finished before failing)
+        from .parts import counts_on_disk
+
+        drafters = manifest.get("drafters") or {}
+        draft_ks = [kk for d in drafters.values() for kk in d.get("draft_k", [])] if set(drafters) - {"mtp"} else None
+        on_disk = counts_on_disk(out, manifest["k"], draft_ks)
+        counts = {**counts, **on_disk, "sessions_skipped": counts["sessions_skipped"]}
+    manifest["counts"] = counts
     if failures:
         manifest.update(status="failed", finished=_now(), failure=f"{type(failures[0]).__name__}: {failures[0]}")
     else:

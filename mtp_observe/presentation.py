@@ -19,9 +19,10 @@ import numpy as np
 
 from .engines import serve_lines
 from .metrics import CALIBRATION_TOLERANCE, Z_MAX
-from .literal import literal, markdown_literal
+from .literal import literal, markdown_literal, prose
 from .report import CONTEXT_BINS, Comparison, Delta, Report, Slice
 from .tables import SEGMENTS as SEGMENT_ORDER
+from .wording import plural
 
 MAX_SESSIONS_SHOWN = 20  # the session table shows the lowest-τ_sim sessions; JSON has them all
 FLAG = "⚑"
@@ -79,7 +80,7 @@ def header_lines(report: Report, comparison: Comparison | None = None) -> list[s
     rec = report.recording
     lines = [
         f"run {report.path}  status={m.get('status')}  model={model}  dtype={m.get('dtype')}  Kmax={report.k}",
-        f"{len(report.sessions)} sessions, {o.anchors} anchors, {report.rows} rows; "
+        f"{plural(len(report.sessions), 'session')}, {plural(o.anchors, 'anchor')}, {plural(report.rows, 'row')}; "
         f"bootstrap {report.replicates} resamples of {unit} (seed {report.seed}), {report.level:.0%} intervals",
         f"draft cost c = {report.cost.c:.4f} ({report.cost.detail}); "
         f"v(K) = {', '.join(num(x, 3) for x in report.cost.verify_extra)}",
@@ -166,7 +167,7 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
         ))
     sw = o.session_weighted
     tables.append(TextTable(
-        title=f"session-weighted (mean over {o.sessions} sessions)",
+        title=f"session-weighted (mean over {plural(o.sessions, 'session')})",
         columns=("K", "α_k", "A_k", "τ_sim(K)", "τ(K) vLLM", "on-policy"),
         rows=tuple((str(k), num(sw.alpha[k - 1]), num(sw.accept_rate[k - 1]), num(sw.tau_sim[k - 1]), num(sw.tau[k - 1]),
                     num(sw.on_policy) if k == 1 else "") for k in range(1, K + 1)),
@@ -420,7 +421,7 @@ def print_rich(report: Report, comparison: Comparison | None, console) -> None:
     from rich.table import Table
 
     for line in header_lines(report, comparison):
-        console.print(literal(line), soft_wrap=True)
+        prose(console, line)
     for t in report_tables(report, comparison):
         groups = column_groups(t.columns, t.rows, console.width)
         for n, group in enumerate(groups):
@@ -434,11 +435,11 @@ def print_rich(report: Report, comparison: Comparison | None, console) -> None:
                 table.add_row(*[literal(row[i]) for i in group])
             console.print(table)
         if len(groups) > 1 and t.caption:  # the whole width, not the last part's
-            console.print(literal(t.caption, "dim"))
+            prose(console, t.caption, "dim")
     for note in report.notes:
-        console.print(literal(f"note: {note}", "yellow"), soft_wrap=True)
+        prose(console, f"note: {note}", "yellow")
     colour = {"GO": "bold green", "NO-GO": "bold red", "UNRELIABLE": "bold yellow"}[report.verdict.status]
-    console.print(literal(verdict_line(report), colour), soft_wrap=True)
+    prose(console, verdict_line(report), colour)
 
 
 def markdown(report: Report, comparison: Comparison | None = None) -> str:
@@ -532,7 +533,7 @@ def plot(report: Report, path: str | Path, comparison: Comparison | None = None)
         plot_batch(third[0], report)
     gate = v.gate.text if v.enforced else "no gate"
     judged = f" [{report.drafter}]" if several else ""
-    fig.suptitle(f"{report.path.name}{judged}: {len(report.sessions)} sessions, {o.anchors} anchors, on-policy "
+    fig.suptitle(f"{report.path.name}{judged}: {plural(len(report.sessions), 'session')}, {plural(o.anchors, 'anchor')}, on-policy "
                  f"{num(o.value.on_policy)} — {v.status} ({gate})", fontsize=11)
     path = Path(path)
     fig.savefig(path, dpi=120)

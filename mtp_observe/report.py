@@ -493,8 +493,9 @@ def _part_of_rows(table: pa.Table) -> tuple[np.ndarray, list[str]]:
 
 
 def _session_keys(table: pa.Table) -> tuple[np.ndarray, tuple[tuple[str, str], ...]]:
-    """Rows -> (session code [n] int64 by first appearance, (part, session_id) of each session). This tool writes one
-    part per session; keying by the pair keeps apart two sessions that share an id (runs of schema_version 1)."""
+    """Rows -> (session code [n] int64 by first appearance, (part, session_id) of each session). A part holds one
+    session or a group of them (parts.py), ids unique within a run; keying by the pair keeps apart two sessions
+    that share an id in different parts (runs of schema_version 1)."""
     import pandas as pd
 
     part_index, names = _part_of_rows(table)
@@ -1867,6 +1868,7 @@ def read_and_summarize(
     batch_sizes: tuple[int, ...] | None = None,
     device_spec: str | None = None,
     context: float | None = None,
+    loaded: Run | None = None,
 ) -> Reading:
     """What `mtp-observe report` computes. The run defaults to the newest under root. An explicit cost
     (--probe, --draft-cost) applies to the baseline too, so differences come from acceptance alone;
@@ -1893,7 +1895,7 @@ def read_and_summarize(
     if roofline_options and (probe is not None or draft_cost is not None):
         raise OptionError(f"{' and '.join(roofline_options)} shape the roofline, but --probe/--draft-cost give a measured "
                           "or fixed cost: pass one of them (a probe's batch sizes and context are its own: probe --batch)")
-    run = load_run(path if path is not None else newest_run(root), drafter)
+    run = loaded if loaded is not None else load_run(path if path is not None else newest_run(root), drafter)  # loaded: read already
     options = dict(replicates=replicates, seed=seed, gate=gate, min_support=min_support)
     table = cost_table(run, probe=probe, draft_cost=draft_cost, device_spec=device_spec, context=context,
                        batch_sizes=tuple(sorted(set(batch_sizes or DEFAULT_BATCHES) | {lo, hi})))

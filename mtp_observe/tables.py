@@ -8,12 +8,19 @@ Contract (PRODUCT.md): a run directory holds
     .mtp-observe.lock   while a replay writes it: the lock file (below); removed when the replay ends
 
 Both Parquet paths are datasets: a single file or a directory of part files. This tool
-writes directories of parts, one part per session and table, named
-`part-<session index:08d>[-r<rank>].parquet`; the name order is input order. Each part is
-written under a dot-prefixed temporary name and renamed, so a killed run never leaves a
-half-written part that a reader would pick up (pyarrow.dataset, pandas, polars and duckdb
-skip dot-prefixed files). Rows are grouped by session in input order and, within a
-session, sorted by (request, pos, depth) — by (drafter, draft_k, request, pos, depth) with drafters.
+writes directories of parts, each holding a group of consecutive finished sessions (up to 256
+sessions or 2,000,000 positions rows, or what a minute gathered; parts.py), named
+`part-<index of its first session:08d>.parquet` in both tables; the name order is input order
+(under torchrun each rank's parts hold its own sessions). Runs written before grouping hold one
+session per part (and may carry `-r<rank>` names): they are read and resumed the same way, a part
+of one session being a group of one. Each part is written under a dot-prefixed temporary name in
+the run directory itself, outside the table directories
+(`.positions.parquet.part-00000000.parquet.tmp-<pid>`), and renamed into place, so a table
+directory only ever holds complete parts and a killed run leaves nothing there that a reader
+would pick up: pyarrow.dataset, pandas, polars and duckdb all read such a run (tested with each;
+polars refuses a directory holding a file of another extension, so a temporary inside it would
+break polars). Rows are grouped by session in input order and, within a session, sorted by
+(request, pos, depth) — by (drafter, draft_k, request, pos, depth) with drafters.
 
 This module imports no torch: the report reads through it.
 
@@ -128,9 +135,10 @@ generation config), tokenizer, k, dtype, device, sampling, inputs (path and sha2
 and the tool version all equal the interrupted run's.
 
 What this tool writes, and so all `--overwrite` removes (`prepare_run_directory`): run.json (an
-mtp-observe manifest), its temporaries `.run.json.tmp-<pid>`, requests.parquet/ and
-positions.parquet/ holding only `part-<8 digits>[-r<rank>].parquet` and their temporaries
-`.part-....parquet.tmp-<pid>`, and the lock file. Anything else — a hidden file, a foreign file
+mtp-observe manifest), its temporaries `.run.json.tmp-<pid>`, the parts' temporaries
+`.requests.parquet.part-<8 digits>.parquet.tmp-<pid>` / `.positions.parquet.part-....tmp-<pid>`,
+requests.parquet/ and positions.parquet/ holding only `part-<8 digits>[-r<rank>].parquet` (and,
+from runs written before grouping, their temporaries `.part-....parquet.tmp-<pid>`), and the lock file. Anything else — a hidden file, a foreign file
 in a table directory, another tool's run.json, any symbolic link — is refused, naming it, before
 anything is deleted; deleting unlinks those names and removes the two emptied directories, never
 following a link.
@@ -357,6 +365,7 @@ LOCK = ".mtp-observe.lock"
 _PART = re.compile(r"part-\d{8}(-r\d+)?\.parquet")
 _PART_TEMPORARY = re.compile(r"\.part-\d{8}(-r\d+)?\.parquet\.tmp-\d+")
 _MANIFEST_TEMPORARY = re.compile(r"\.run\.json\.tmp-\d+")
+_GROUP_TEMPORARY = re.compile(r"\.(requests|positions)\.parquet\.part-\d{8}(-r\d+)?\.parquet\.tmp-\d+")  # parts.py
 
 
 def _run_error(path: Path, what: str) -> RunDirectoryError:
@@ -568,7 +577,8 @@ def _overwrite_plan(run_dir: Path) -> tuple[list[Path], list[Path]]:
                     raise _refuse(run_dir, Path(part.path), "is not a part this tool writes")
                 files.append(Path(part.path))
             directories.append(path)
-        elif entry.is_file(follow_symlinks=False) and (entry.name == MANIFEST or _MANIFEST_TEMPORARY.fullmatch(entry.name)):
+        elif entry.is_file(follow_symlinks=False) and (entry.name == MANIFEST or _MANIFEST_TEMPORARY.fullmatch(entry.name)
+                                                       or _GROUP_TEMPORARY.fullmatch(entry.name)):
             files.append(path)
         else:
             raise _refuse(run_dir, path, "is not something a run writes")
@@ -596,7 +606,11 @@ def done_parts(run_dir: Path) -> set[str]:
 
 
 def remove_temporaries(run_dir: Path) -> None:
-    """Half-written parts of a killed run (dot-prefixed temporary names; a link is unlinked, never followed)."""
+    """Half-written parts of a killed run (dot-prefixed temporary names, in the run directory and, from runs
+    written before grouping, in the table directories; a link is unlinked, never followed)."""
+    for p in Path(run_dir).iterdir():
+        if _GROUP_TEMPORARY.fullmatch(p.name):
+            p.unlink()
     for table in (REQUESTS, POSITIONS):
         d = Path(run_dir) / table
         if d.is_dir():
@@ -606,52 +620,19 @@ def remove_temporaries(run_dir: Path) -> None:
 
 
 def remove_part(run_dir: Path, name: str) -> None:
-    """Both parts of one session (to recompute it)."""
+    """Both tables' part `name` (to recompute its sessions)."""
     for table in (REQUESTS, POSITIONS):
         _unlink_quietly(Path(run_dir) / table / name)
 
 
-def finished_part(run_dir: Path, name: str, k: int, session_id: str, draft_ks: list[int] | None = None
-                  ) -> tuple[dict | None, str | None]:
-    """(counts, None) for a finished session whose parts read back whole, or (None, what is wrong with them).
-
-    Whole means: both parts are Parquet files with their footer (a file cut short has none), of this
-    session, and positions holds exactly the rows its requests' spans imply — min(k, e - p) depths at
-    every anchor p = max(s, 1)..e-1 of every span [s, e], once for every draft length K' of every drafter
-    (draft_ks: all of them, e.g. [4, 1, 2, 3, 4] for mtp and suffix; None: [k], an mtp-only run)."""
-    draft_ks = draft_ks or [k]
-    import pyarrow as pa
-
-    try:
-        req = pq.read_table(Path(run_dir) / REQUESTS / name, columns=["session_id", "n_tokens", "spans"])
-        pos = pq.read_table(Path(run_dir) / POSITIONS / name, columns=["session_id", "depth"])
-    except (OSError, pa.ArrowException) as e:
-        return None, f"cannot be read back ({_one_line(e)})"
-    ids = set(req.column("session_id").to_pylist()) | set(pos.column("session_id").to_pylist())
-    if ids != {session_id}:
-        return None, f"holds session(s) {sorted(map(str, ids))[:3]}, not {session_id}"
-    spans = [sp for r in req.column("spans").to_pylist() for sp in r]
-    expected = sum(min(kk, sp["end"] - p) for kk in draft_ks for sp in spans for p in range(max(sp["start"], 1), sp["end"]))
-    if req.num_rows == 0 or pos.num_rows != expected:
-        return None, f"holds {pos.num_rows} rows where its spans imply {expected}"
-    depth = pos.column("depth").to_numpy()
-    tokens = req.column("n_tokens").to_pylist()
-    return {
-        "requests": req.num_rows,
-        "tokens_replayed": sum(tokens),
-        "scored_tokens": sum(sp["end"] - sp["start"] + 1 for sp in spans),
-        "anchors": int((depth == 1).sum()) // len(draft_ks),
-        "rows": pos.num_rows,
-        "max_request_tokens": max(tokens, default=0),
-    }, None
-
-
-def part_requests(run_dir: Path, name: str) -> list[tuple]:
+def part_requests(run_dir: Path, name: str, session_id: str | None = None) -> list[tuple]:
     """[(input_ids [n] int32, spans [S, 2] int64)] of a finished session's requests, in order (what a
-    resumed run feeds suffix decoding's global tree for the sessions it keeps)."""
+    resumed run feeds suffix decoding's global tree for the sessions it keeps). session_id: that session's
+    only, in a part that groups several (parts.py); None: the part's whole (one session per part)."""
     import numpy as np
 
-    table = pq.read_table(Path(run_dir) / REQUESTS / name, columns=["request", "input_ids", "spans"])
+    filters = [("session_id", "=", session_id)] if session_id is not None else None
+    table = pq.read_table(Path(run_dir) / REQUESTS / name, columns=["request", "input_ids", "spans"], filters=filters)
     out = []
     for r in np.argsort(table.column("request").to_numpy(), kind="stable"):
         ids = np.asarray(table.column("input_ids")[int(r)].as_py(), dtype=np.int32)

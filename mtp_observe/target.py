@@ -44,13 +44,14 @@ class TargetPrefix:
 
 @torch.no_grad()
 def prefill(model, input_ids: Tensor, chunk_size: int = 2048, prefix: TargetPrefix | None = None,
-            keep_at: int | None = None) -> tuple[Tensor, TargetPrefix | None]:
+            keep_at: int | None = None, on_chunk=None) -> tuple[Tensor, TargetPrefix | None]:
     """input_ids: [n] -> (h: [n, H] post-final-norm, the state after the first keep_at tokens or None).
 
     Chunks go through the model's own cache: the full-attention layers keep their KV and the
     linear-attention layers their conv and recurrent states, so chunked == whole wherever the
     boundaries fall. With `prefix` (whose tokens must be input_ids[:prefix.length]) the prefill
     starts after it; `keep_at` (>= the start) adds a chunk boundary there and snapshots the state.
+    on_chunk(n), if given, is called after each chunk with its number of tokens (progress).
     """
     import copy
 
@@ -72,6 +73,8 @@ def prefill(model, input_ids: Tensor, chunk_size: int = 2048, prefix: TargetPref
     for c0, c1 in zip(bounds[:-1], bounds[1:]):
         chunk = input_ids[c0:c1].to(device)[None]
         pieces.append(text_model(input_ids=chunk, use_cache=True, **{kw: cache}).last_hidden_state[0])
+        if on_chunk is not None:
+            on_chunk(c1 - c0)
         if c1 == keep_at:
             kept = TargetPrefix(keep_at, copy.deepcopy(cache), torch.cat(pieces)[:keep_at])
     hidden = torch.cat([p.to(pieces[-1].device) for p in pieces])

@@ -235,7 +235,7 @@ def test_a_resumed_model_free_run_equals_an_uninterrupted_one_for_suffix_rows(to
     sessions it drafts afresh get the drafts of an uninterrupted run, byte for byte. Control: drafted without the
     earlier sessions, the later ones' suffix rows differ (the global tree is what carries them)."""
     path = _identical_sessions(tmp_path, 5)
-    opts = ReplayOptions(k=3, drafters=("suffix", "ngram"))
+    opts = ReplayOptions(k=3, drafters=("suffix", "ngram"), part_sessions=1)  # a part per session, to cut three of them
     whole = replay([path], tokenizer_only, tmp_path / "whole", opts)
     cut = tmp_path / "cut"
     shutil.copytree(whole, cut)

@@ -110,7 +110,7 @@ def test_standard_input_imports_under_auto_and_is_named_dash(tmp_path):
     r = subprocess.run([sys.executable, "-m", "mtp_observe", "import", "auto", "-", "-o", str(tmp_path / "out.jsonl")],
                        input=data, capture_output=True)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.decode().splitlines() == ["-: 1 session (openai-responses)", f"wrote 1 sessions to {tmp_path / 'out.jsonl'}"]
+    assert r.stdout.decode().splitlines() == ["-: 1 session (openai-responses)", f"wrote 1 session to {tmp_path / 'out.jsonl'}"]
     [record] = map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())
     assert record["id"] == "stdin:1" and record["meta"]["importer"]["file"] == "-"
 

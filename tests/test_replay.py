@@ -206,10 +206,11 @@ def test_two_runs_of_the_same_input_give_identical_parquet(tiny_checkpoint, tmp_
 def test_a_run_killed_mid_way_and_resumed_equals_an_uninterrupted_run(tiny_checkpoint, tmp_path):
     records = [dict(SESSION, id=f"s{i}") for i in range(6)]
     sessions = write_sessions(tmp_path / "s.jsonl", records)
-    whole = replay([sessions], tiny_checkpoint, tmp_path / "whole", ReplayOptions(k=2, device="cpu"))
+    whole = replay([sessions], tiny_checkpoint, tmp_path / "whole", ReplayOptions(k=2, device="cpu", part_sessions=1))
     out = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-m", "mtp_observe", "replay", str(sessions), "--model", str(tiny_checkpoint),
-                             "--k", "2", "--device", "cpu", "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--k", "2", "--device", "cpu", "--out", str(out), "--part-sessions", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while time.time() < deadline and len(list((out / "requests.parquet").glob("part-*"))) < 2:
         time.sleep(0.05)
@@ -220,7 +221,8 @@ def test_a_run_killed_mid_way_and_resumed_equals_an_uninterrupted_run(tiny_check
     assert json.loads((out / "run.json").read_text())["status"] == "running"
     again = run_cli("replay", sessions, "--model", tiny_checkpoint, "--k", "2", "--device", "cpu", "--out", out)
     assert again.returncode == 2 and "--resume" in again.stderr  # an existing run needs --resume or --overwrite
-    resumed = run_cli("replay", sessions, "--model", tiny_checkpoint, "--k", "2", "--device", "cpu", "--out", out, "--resume")
+    resumed = run_cli("replay", sessions, "--model", tiny_checkpoint, "--k", "2", "--device", "cpu", "--out", out, "--resume",
+                      "--part-sessions", "1")
     assert resumed.returncode == 0, resumed.stderr
     for table in ("positions.parquet", "requests.parquet"):
         names = sorted(p.name for p in (whole / table).iterdir())
@@ -232,26 +234,39 @@ def test_a_run_killed_mid_way_and_resumed_equals_an_uninterrupted_run(tiny_check
     assert manifest["counts"] == json.loads((whole / "run.json").read_text())["counts"]
 
 
-def test_ctrl_c_says_how_many_sessions_are_kept_and_how_to_resume(tiny_checkpoint, tmp_path):
+def test_ctrl_c_keeps_the_finished_sessions_counts_them_in_run_json_and_says_how_to_resume(tiny_checkpoint, tmp_path):
+    """Parts of 3 sessions: at Ctrl-C the sessions finished since the last part are written too, and run.json's
+    counts (and the message) are what the parts on disk hold."""
     records = [dict(SESSION, id=f"s{i}") for i in range(40)]
     sessions = write_sessions(tmp_path / "s.jsonl", records)
     out = tmp_path / "interrupted"
     proc = subprocess.Popen([sys.executable, "-m", "mtp_observe", "replay", str(sessions), "--model", str(tiny_checkpoint),
-                             "--k", "2", "--device", "cpu", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--k", "2", "--device", "cpu", "--out", str(out), "--part-sessions", "3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
-    while time.time() < deadline and len(list((out / "requests.parquet").glob("part-*"))) < 2:
+    while time.time() < deadline and len(list((out / "requests.parquet").glob("part-*"))) < 1:
         time.sleep(0.05)
+    time.sleep(0.5)  # into the next group
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate()
-    done = len(list((out / "requests.parquet").glob("part-*")))
+    on_disk = pq.read_table(out / "requests.parquet", columns=["session_id"]).column("session_id").to_pylist()
+    done = len(set(on_disk))
     assert done < 40, "the interrupt came too late to test anything"
     assert proc.returncode == 130 and "Traceback" not in stderr, stderr
     message = stderr.strip().splitlines()[-1]
     assert message == f"interrupted: {done} finished sessions are kept in {out}; continue with the same command and --out {out} --resume"
-    assert json.loads((out / "run.json").read_text())["status"] == "failed"
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["status"] == "failed" and manifest["counts"]["sessions_ok"] == done > 0
+    assert manifest["counts"]["requests"] == len(on_disk)
+    assert manifest["counts"]["rows"] == pq.read_table(out / "positions.parquet", columns=["depth"]).num_rows
     resumed = run_cli("replay", sessions, "--model", tiny_checkpoint, "--k", "2", "--device", "cpu", "--out", out, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((out / "run.json").read_text())["counts"]["sessions_ok"] == 40
+    ids = pq.read_table(out / "requests.parquet", columns=["session_id"]).column("session_id").to_pylist()
+    from collections import Counter
+
+    assert sorted(set(ids)) == sorted(r["id"] for r in records)
+    assert len(set(Counter(ids).values())) == 1  # every session's requests once: nothing written twice
 
 
 def test_resume_refuses_a_run_with_different_options(tiny_checkpoint, tmp_path):
@@ -376,24 +391,18 @@ def test_recorded_with_a_new_sampler_defines_it_and_stores_it_in_run_json(tiny_c
 
 
 def replay_peak_rss(model, tmp_path, tokens: int, completion: int) -> int:
-    """Peak RSS (bytes) of a CLI replay of one token-level session of `tokens` random ids (the last `completion` scored)."""
-    import psutil
+    """Peak RSS (bytes: the OS's own high-water mark, memory.run_measured) of a CLI replay of one token-level
+    session of `tokens` random ids (the last `completion` scored)."""
+    from mtp_observe.memory import run_measured
 
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 248_320, (tokens,), generator=gen).tolist()
     split = tokens - completion
     path = write_sessions(tmp_path / "long.jsonl", [{"id": "long", "prompt_token_ids": ids[:split], "completion_token_ids": ids[split:]}])
-    proc = psutil.Popen([sys.executable, "-m", "mtp_observe", "replay", str(path), "--model", str(model), "--k", "2",
-                         "--device", "cpu", "--out", str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    peak = 0
-    while proc.poll() is None:
-        try:
-            peak = max(peak, proc.memory_info().rss)
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(0.05)
-    _, stderr = proc.communicate()
-    assert proc.returncode == 0, stderr.decode()[-2000:]
+    measured = run_measured([sys.executable, "-m", "mtp_observe", "replay", str(path), "--model", str(model), "--k", "2",
+                             "--device", "cpu", "--out", str(tmp_path / "run")])
+    assert measured.returncode == 0, measured.stderr[-2000:]
+    peak = measured.peak_rss
     rows = pq.read_table(tmp_path / "run" / "positions.parquet", columns=["depth"]).column("depth").to_numpy()
     assert (rows == 1).sum() == completion - 1 and (rows == 2).sum() == completion - 2
     print(f"peak RSS {peak / 1e9:.2f} GB")

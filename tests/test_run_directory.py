@@ -274,13 +274,13 @@ def test_resume_refuses_a_retrained_head_in_an_otherwise_identical_checkpoint(ma
 
 def test_a_truncated_finished_part_is_detected_on_resume_and_recomputed(tiny_checkpoint, tmp_path):
     sessions = write_sessions(tmp_path / "s.jsonl", [SESSION, dict(SESSION, id="two")])
-    whole = replay([sessions], tiny_checkpoint, tmp_path / "whole", ReplayOptions(k=1, device="cpu"))
+    whole = replay([sessions], tiny_checkpoint, tmp_path / "whole", ReplayOptions(k=1, device="cpu", part_sessions=1))
     out = copy_run(whole, tmp_path / "cut")
     _interrupted(out)
     part = out / "positions.parquet" / "part-00000001.parquet"
     data = part.read_bytes()
     part.write_bytes(data[: len(data) // 2])  # a finished part cut short (a disk that filled up, a bad copy)
-    r = replay_cli(sessions, tiny_checkpoint, out, "--resume")
+    r = replay_cli(sessions, tiny_checkpoint, out, "--resume", "--part-sessions", "1")
     assert r.returncode == 0, r.stderr
     assert "part-00000001.parquet" in r.stderr and "recomput" in r.stderr, r.stderr
     for table in ("positions.parquet", "requests.parquet"):
@@ -320,18 +320,18 @@ def test_a_write_the_os_refuses_mid_run_is_one_line_and_the_run_resumes_to_the_s
     long = {"id": "long", "prompt_token_ids": [rng.randrange(990) for _ in range(20)],
             "completion_token_ids": [rng.randrange(990) for _ in range(800)]}
     sessions = write_sessions(tmp_path / "s.jsonl", [SESSION, long, dict(SESSION, id="after")])
-    whole = replay([sessions], tiny_checkpoint, tmp_path / "whole", ReplayOptions(k=2, device="cpu"))
+    whole = replay([sessions], tiny_checkpoint, tmp_path / "whole", ReplayOptions(k=2, device="cpu", part_sessions=1))
     sizes = {p.name: p.stat().st_size for p in (whole / "positions.parquet").iterdir()}
     requests = max(p.stat().st_size for p in (whole / "requests.parquet").iterdir())  # every requests part fits
     limit = 30_000
     assert sizes["part-00000001.parquet"] > limit > max(sizes["part-00000000.parquet"], (whole / "run.json").stat().st_size, requests)
     out = tmp_path / "full"
-    args = ["replay", sessions, "--model", tiny_checkpoint, "--k", "2", "--device", "cpu", "--out", out]
+    args = ["replay", sessions, "--model", tiny_checkpoint, "--k", "2", "--device", "cpu", "--out", out, "--part-sessions", "1"]
     r = run_cli(*args, preexec_fn=_limit_file_size(limit))
     line = one_line(r)
     assert "positions.parquet" in line and "File too large" in line and "--resume" in line, line
     assert json.loads((out / "run.json").read_text())["status"] in ("running", "failed")
-    assert not list((out / "positions.parquet").glob(".*"))  # no half-written temporary left
+    assert not list((out / "positions.parquet").glob(".*")) and not list(out.glob(".*.tmp-*"))  # no temporary left
     resumed = run_cli(*args, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     for table in ("positions.parquet", "requests.parquet"):

@@ -130,7 +130,7 @@ def test_the_report_never_merges_two_sessions_that_share_an_id_in_different_part
     for folder in ("a", "b"):
         (tmp_path / folder).mkdir()
         files.append(write_sessions(tmp_path / folder / "sessions.jsonl", [ANONYMOUS]))
-    run = replay(files, tiny_checkpoint, tmp_path / "run", ReplayOptions(k=2, device="cpu"))
+    run = replay(files, tiny_checkpoint, tmp_path / "run", ReplayOptions(k=2, device="cpu", part_sessions=1))  # as v1 wrote
     for table in ("positions.parquet", "requests.parquet"):
         for part in (run / table).glob("part-*.parquet"):
             t = pq.read_table(part)

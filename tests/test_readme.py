@@ -1,0 +1,117 @@
+"""The README is the user's first page: everything it names is in the repository, every mtp-observe line it shows
+names a command and options that exist, and the quickstart block runs as written."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+DESIGN_DOCS = ("SESSIONS.md", "PRODUCT.md", "ACCEPTANCE.md", "MTP_HEAD.md", "LOG_FORMATS.md", "STYLE.md")
+
+
+def code_lines() -> list[str]:
+    """Lines of fenced code blocks and of indented (4-space) blocks, continuation lines joined to their command."""
+    out: list[str] = []
+    fenced = False
+    for line in README.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced or line.startswith("    "):
+            text = line.strip()
+            if out and text.startswith("[") and out[-1].startswith("mtp-observe"):
+                out[-1] += " " + text  # a syntax line continued
+            else:
+                out.append(text)
+    return out
+
+
+def mtp_observe_calls() -> list[list[str]]:
+    texts = [ln for ln in code_lines() if "mtp-observe " in ln]
+    texts += re.findall(r"`(mtp-observe [^`]+)`", README)
+    calls = []
+    for text in texts:
+        text = text.split(" #", 1)[0]
+        for part in re.split(r"&&|;|\|\|", text):
+            part = part.strip()
+            if part.startswith("mtp-observe"):
+                calls.append(part.replace("\\", " ").split())
+    return calls
+
+
+def test_every_mtp_observe_line_in_the_readme_names_an_existing_command_and_options():
+    import typer.main
+
+    from mtp_observe.cli import app
+
+    group = typer.main.get_command(app)
+    root_options = {opt for p in group.params for opt in p.opts} | {"-h", "--help"}
+    calls = mtp_observe_calls()
+    assert len(calls) > 30
+    seen = set()
+    for call in calls:
+        words = [w.strip("[]|,.'\"") for w in call[1:]]
+        words = [w for w in words if w]
+        if not words:  # `mtp-observe ...` in prose
+            continue
+        if words[0].startswith("-"):
+            assert all(w in root_options for w in words if w.startswith("-")), call
+            continue
+        assert words and words[0] in group.commands, f"no command {words[:1]} in {' '.join(call)}"
+        seen.add(words[0])
+        command = group.commands[words[0]]
+        known = {opt for p in command.params for opt in p.opts} | {"-h", "--help"}
+        for w in words[1:]:
+            if re.fullmatch(r"--?[a-z][a-z0-9-]*(=.*)?", w):
+                assert w.split("=")[0] in known, f"mtp-observe {words[0]} has no option {w} ({' '.join(call)})"
+    assert seen == set(group.commands), f"the README shows no call of {set(group.commands) - seen}"
+
+
+def test_the_readme_needs_nothing_outside_the_repository():
+    for name in DESIGN_DOCS:
+        assert name not in README, f"the README points at {name}, which is not in the repository"
+    assert "../research" not in README
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README):
+        if not target.startswith(("http://", "https://")):
+            assert (ROOT / target).exists(), f"the README links {target}, which is not in the repository"
+    for path in set(re.findall(r"`((?:docs|mtp_observe|tests|benchmarks|scripts)/[\w./-]+\.(?:md|py|sh))`", README)):
+        assert (ROOT / path).exists(), f"the README names {path}, which is not in the repository"
+    for doc in (ROOT / "docs").glob("*.md"):
+        text = doc.read_text()
+        assert not any(name in text for name in DESIGN_DOCS) and "../shared" not in text, doc.name
+
+
+def quickstart() -> list[str]:
+    block = README.split("<!-- quickstart", 1)[1].split("```", 2)[1]
+    return [ln for ln in block.splitlines() if ln.strip()]
+
+
+def test_the_quickstart_installs_the_cpu_torch_before_the_project_and_states_the_suites_duration():
+    lines = quickstart()
+    torch_line = next(i for i, ln in enumerate(lines) if ln.startswith("pip install torch"))
+    project_line = next(i for i, ln in enumerate(lines) if ln.startswith("pip install -e ."))
+    assert torch_line < project_line and "/whl/cpu" in lines[torch_line]
+    assert any(ln.startswith("pip install -e '.[test]' && python -m pytest") for ln in lines)
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "pip install -e '.[test]' && python -m pytest" in ci  # the README's test line is what CI runs
+    assert re.search(r"the tests: about \d+ minutes", README)
+
+
+def test_the_quickstart_commands_run_as_written(tmp_path):
+    """Its mtp-observe commands, in a shell, from a copy of the demo sessions (the run lands in tmp_path/reports)."""
+    shutil.copytree(ROOT / "sessions", tmp_path / "sessions")
+    commands = [part.strip() for ln in quickstart() for part in ln.split(" #", 1)[0].split("&&")
+                if part.strip().startswith("mtp-observe")]
+    assert commands == ["mtp-observe replay sessions/*.jsonl", "mtp-observe report"]
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    for command in commands:
+        r = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, env=env)
+        assert r.returncode == 0, (command, r.stderr[-2000:])
+        assert r.stderr.count("error:") == 0, r.stderr
+    assert "verdict" in r.stdout.lower() and len(list((tmp_path / "reports").iterdir())) == 1
