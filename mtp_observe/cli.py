@@ -412,24 +412,39 @@ def _sessions_kept(run_dir: Path) -> int:
 class _GenerationProgress:
     """Draws turns, tokens, tokens/s and ETA on stderr while generate runs (generation.Observer)."""
 
-    def __init__(self, progress):
+    def __init__(self, progress, every_s: float = 0.0):
         self.progress = progress
         self.task = None
         self.tokens = 0
         self.started = None
+        self.total = 0
+        self.done = 0
+        self.every_s = every_s  # without a terminal: a plain line on stderr every every_s seconds (0: none)
+        self.last_line = None
 
     def start(self, turns: int) -> None:
         import time
 
-        self.started = time.time()
+        self.started = self.last_line = time.time()
+        self.total = turns
         self.task = self.progress.add_task("generating", total=turns, tokens="0 tokens", rate="")
 
     def turns(self, turns: int, tokens: int) -> None:
         import time
 
+        from .wording import plural
+
         self.tokens += tokens
-        elapsed = max(time.time() - self.started, 1e-9)
+        self.done += turns
+        now = time.time()
+        elapsed = max(now - self.started, 1e-9)
         self.progress.update(self.task, advance=turns, tokens=f"{self.tokens:,} tokens", rate=f"{self.tokens / elapsed:,.0f} tok/s")
+        if self.every_s > 0 and now - self.last_line >= self.every_s:  # a CI log: the bar is not drawn there
+            self.last_line = now
+            left = (self.total - self.done) * elapsed / self.done if self.done else None
+            eta = "--:--" if left is None else f"{int(left // 60):02d}:{int(left % 60):02d}"
+            say(self.progress.console, f"generate: {self.done:,}/{plural(self.total, 'turn')} · {self.tokens:,} tokens · "
+                                       f"{self.tokens / elapsed:,.0f} tok/s · ETA {eta}")
 
     def warn(self, message: str) -> None:
         say(self.progress.console, f"skipped: {message}")
@@ -455,6 +470,7 @@ def generate(
     on_error: Annotated[OnError, typer.Option("--on-error", help="fail: a bad session stops the run; skip: it is reported and left out.")] = "fail",
     chat_template: ChatTemplateOption = None,
     template_kwargs: TemplateKwargsOption = None,
+    progress_every: Annotated[float, typer.Option("--progress-every", metavar="SECONDS", help="Without a terminal (a CI log): print the progress line to stderr every SECONDS (0: never).")] = 30.0,
 ) -> None:
     """The target's own completion of every assistant turn, in the recorded contexts: token-level records for replay."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -462,6 +478,8 @@ def generate(
     from .generation import GenerateOptions, generate as run_generate
 
     _check_on_error(on_error)
+    if progress_every < 0:
+        raise OptionError(f"--progress-every {progress_every:g}: expected seconds >= 0 (0: no progress lines)")
     overrides = _template_overrides(chat_template, template_kwargs)
     check_writable(output, "--output")
     model_dir = _model_dir(model)
@@ -472,7 +490,8 @@ def generate(
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("turns"),
                       TextColumn("{task.fields[tokens]}", markup=False), TextColumn("{task.fields[rate]}", markup=False),
                       TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal) as progress:
-            summary = run_generate(files, model_dir, output, opts, observer=_GenerationProgress(progress))
+            summary = run_generate(files, model_dir, output, opts, observer=_GenerationProgress(
+                progress, every_s=0.0 if err.is_terminal else progress_every))
     except KeyboardInterrupt:  # every session written so far is whole in the partial file
         partial = output.with_name(output.name + ".partial")
         if partial.exists():

@@ -448,3 +448,20 @@ def test_inputs_of_which_no_session_can_be_generated_are_one_line_and_leave_noth
     with pytest.raises(InputError, match="no session was generated \\(1 skipped: .*unknown role"):
         generate([bad], tiny_checkpoint, out, GenerateOptions(max_new_tokens=3, device="cpu", on_error="skip"))
     assert not out.exists() and not out.with_name("own.jsonl.partial").exists()
+
+
+def test_without_a_terminal_generate_prints_plain_progress_lines_to_stderr(tiny_checkpoint, tmp_path):
+    sessions = _write(tmp_path / "in.jsonl", SESSIONS[:2])
+    out = tmp_path / "own.jsonl"
+    ran = run_cli("generate", sessions, "-o", out, "--model", tiny_checkpoint, "--max-new-tokens", 3, "--device", "cpu",
+                  "--batch-size", 1, "--progress-every", "0.000001")
+    assert ran.returncode == 0, ran.stderr
+    lines = [line for line in ran.stderr.splitlines() if line.startswith("generate: ")]
+    turns = sum(len(r["requests"]) for r in _records(out))
+    assert lines and lines[-1].startswith(f"generate: {turns:,}/{turns:,} turns · ") and "tok/s · ETA " in lines[-1]
+    assert all(len(line) <= 80 for line in lines)
+    quiet = run_cli("generate", sessions, "-o", tmp_path / "quiet.jsonl", "--model", tiny_checkpoint, "--max-new-tokens", 3,
+                    "--device", "cpu", "--progress-every", 0)
+    assert quiet.returncode == 0 and "generate: " not in quiet.stderr
+    refused = run_cli("generate", sessions, "-o", tmp_path / "x.jsonl", "--progress-every", -1)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--progress-every -1" in refused.stderr
