@@ -700,8 +700,9 @@ def export(
     engine: Annotated[str, typer.Option(help="vllm, sglang, trtllm, speculation-profile or aiconfigurator.")] = "vllm",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write here (default: standard output).")] = None,
     k: Annotated[Optional[int], typer.Option("--k", help="Draft length to export (default: the report's best K).")] = None,
-    drafter: Annotated[Optional[str], typer.Option("--drafter", help="The drafter to export (default: mtp when the run "
-                                                   "has it, else its first).")] = None,
+    drafter: Annotated[Optional[str], typer.Option("--drafter", help="The drafter to export (default: the winner of the "
+                                                   "report's drafter ranking that the engine can run; a run of one "
+                                                   "drafter: that one).")] = None,
     probe: Annotated[Optional[Path], typer.Option(help="probe.json: measured c and v(K) (they choose the best K).")] = None,
     draft_cost: Annotated[Optional[float], typer.Option(help="c = draft step / target decode step (default: roofline).")] = None,
     replicates: Annotated[int, typer.Option(help="Bootstrap resamples of sessions (the intervals written beside the values).")] = 1000,
@@ -710,7 +711,7 @@ def export(
     """The run's acceptance as an engine's or planner's input: vLLM's speculative config (synthetic acceptance),
     SGLang's and TensorRT-LLM's simulated acceptance, Model-Optimizer's speculation_profile.json, AIConfigurator's
     nextn (imports no torch)."""
-    from .engines import ENGINES, export as render
+    from .engines import ENGINES, VLLM_DRAFTERS, export as render
     from .report import read_and_summarize
 
     if engine not in ENGINES:
@@ -718,6 +719,18 @@ def export(
     check_writable(output, "--output")
     reading = read_and_summarize(run, drafter=drafter, probe=probe, draft_cost=draft_cost, replicates=replicates,
                                  seed=seed)
+    if drafter is None and len(reading.report.ranking) > 1:
+        # Several drafters on the same anchors: export the ranking's winner (each at its own best K, its own cost),
+        # skipping those the engine cannot run (vLLM serves mtp, ngram and suffix, not the hybrids).
+        servable = [r.drafter for r in reading.report.ranking if engine != "vllm" or r.drafter in VLLM_DRAFTERS]
+        best = servable[0] if servable else reading.report.drafter
+        if best != reading.report.drafter:
+            reading = read_and_summarize(run, drafter=best, probe=probe, draft_cost=draft_cost, replicates=replicates,
+                                         seed=seed)
+        winner = reading.report.ranking[0].drafter
+        said = "the best drafter of the run's ranking" if best == winner else \
+            f"the best drafter of the run's ranking that {engine} runs ({winner} ranks first)"
+        say(err, f"exporting {best}: {said}; --drafter NAME exports another")
     text = render(reading, engine, k)
     if output is None:
         sys.stdout.write(text)

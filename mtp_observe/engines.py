@@ -179,6 +179,9 @@ _VLLM_SUFFIX_KEYS = (("suffix_decoding_max_tree_depth", "max_tree_depth"),
                      ("suffix_decoding_min_token_prob", "min_token_prob"))
 
 
+VLLM_DRAFTERS = ("mtp", "ngram", "suffix")  # the run's drafters vLLM serves (its "method"); not the hybrids
+
+
 def vllm_speculative_config(k: int, drafter: str = "mtp", params: dict | None = None) -> dict | None:
     """vLLM's --speculative-config for the run's drafter at draft length K (static); None for a drafter vLLM does
     not serve (the hybrids). ngram and suffix carry the run's own parameters (run.json drafters)."""

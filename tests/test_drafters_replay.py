@@ -418,3 +418,20 @@ def test_drafter_options_are_checked_in_one_line(tmp_path):
                          (["--drafters", "ngram", "--sampling", "x=1,1,0"], "add mtp to --drafters")):
         r = cli("replay", path, "--out", tmp_path / "run", *args)
         assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
+def test_export_writes_the_winning_drafters_config_and_says_which(every_drafter):
+    report = json.loads(cli("report", every_drafter, "--format", "json").stdout)
+    ranking = [r["drafter"] for r in report["drafters"]["ranking"]]
+    served = next(name for name in ranking if name in ("mtp", "ngram", "suffix"))
+    exported = cli("export", every_drafter, "--engine", "vllm")
+    assert exported.returncode == 0, exported.stderr
+    config = json.loads(exported.stdout)["speculative_config"]
+    assert config["method"] == served and config["num_speculative_tokens"] == report["drafters"]["by_drafter"][served]["best"]["k"]
+    assert exported.stderr.startswith(f"exporting {served}: the best drafter of the run's ranking")
+    assert (f"({ranking[0]} ranks first)" in exported.stderr) == (served != ranking[0])
+    profile = cli("export", every_drafter, "--engine", "speculation-profile")  # takes any drafter: the winner itself
+    assert profile.returncode == 0 and json.loads(profile.stdout)["method"] == ranking[0], profile.stderr
+    chosen = cli("export", every_drafter, "--engine", "vllm", "--drafter", "mtp")
+    assert chosen.returncode == 0 and json.loads(chosen.stdout)["speculative_config"]["method"] == "mtp"
+    assert "exporting" not in chosen.stderr
