@@ -55,21 +55,7 @@ def temporary_name(table: str, name: str) -> str:
 def write_group(run_dir: Path, name: str, positions: pa.Table, requests: pa.Table) -> None:
     """Both tables' part `name`, each atomically (temporary in run_dir, fsync, rename), positions first."""
     for table, data in ((tables.POSITIONS, positions), (tables.REQUESTS, requests)):
-        directory = run_dir / table
-        final = directory / name
-        tmp = run_dir / temporary_name(table, name)
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            pq.write_table(data, tmp, compression="zstd")
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except OSError as e:  # pyarrow's IO errors are OSErrors too
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise tables.cannot_write(final, e) from None
+        tables.write_part(data, run_dir / table, name, temporary=run_dir / temporary_name(table, name))
 
 
 @dataclass

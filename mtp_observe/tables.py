@@ -255,11 +255,12 @@ def _unlink_quietly(path: Path) -> None:
         pass
 
 
-def write_part(table: pa.Table, directory: Path, name: str) -> Path:
-    """Write one part atomically: a dot-prefixed temporary file, fsync, then rename. A failed write
-    (e.g. a full disk) leaves no temporary behind and raises one line (the session is recomputed on --resume)."""
+def write_part(table: pa.Table, directory: Path, name: str, temporary: Path | None = None) -> Path:
+    """Write one part atomically: a temporary file (`temporary`, else dot-prefixed beside the part), fsync, then
+    rename. A failed write (e.g. a full disk) leaves no temporary behind and raises one line (the session is
+    recomputed on --resume). parts.write_group puts the temporary outside the table directory."""
     final = directory / name
-    tmp = directory / f".{name}.tmp-{os.getpid()}"
+    tmp = temporary if temporary is not None else directory / f".{name}.tmp-{os.getpid()}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, tmp, compression="zstd")

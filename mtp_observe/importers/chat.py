@@ -392,6 +392,23 @@ def to_session(conv: Conversation, fmt: str, source, sid: str, options=None, ext
         dropped={**conv.dropped, "orphan_tool_results": orphans, "merged_system_messages": merged}, sampling=conv.sampling))
 
 
+def read_sessions(items: Iterable, fmt: str, source, options, expected: str, session_id=None) -> Iterator:
+    """Folded items (Conversations, Dropped, Rejected) -> sessions, the others passed through. A session's id is
+    session_id(conversation) when that gives a non-empty string, else the file's stem (":number" for one of
+    several). A Malformed input is one line naming the file and `expected` (what the format's records hold)."""
+    try:
+        for item in items:
+            if not isinstance(item, Conversation):
+                yield item
+                continue
+            sid = session_id(item) if session_id is not None else None
+            if not isinstance(sid, str) or not sid:
+                sid = source.stem if item.number is None else f"{source.stem}:{item.number}"
+            yield to_session(item, fmt, source, sid, options)
+    except Malformed as e:
+        raise source.error(f"{e}; expected {expected}")
+
+
 def supplied_tools(path) -> list[dict]:
     """--tools, read once per file (and version of it) however many sessions need it."""
     from pathlib import Path

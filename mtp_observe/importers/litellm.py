@@ -123,14 +123,6 @@ def items_of(source: Source):
 
 
 def read(source: Source, options: Options) -> Iterator:
-    try:
-        for item in conversations(items_of(source)):
-            if not isinstance(item, chat.Conversation):
-                yield item
-                continue
-            sid = item.original.get("trace_id") or item.original.get("call_id")
-            if not isinstance(sid, str) or not sid:
-                sid = source.stem if item.number is None else f"{source.stem}:{item.number}"
-            yield chat.to_session(item, FORMAT, source, sid, options)
-    except Malformed as e:
-        raise source.error(f"{e}; expected LiteLLM StandardLoggingPayload records {{\"messages\", \"response\", \"model_parameters\"}}")
+    yield from chat.read_sessions(conversations(items_of(source)), FORMAT, source, options,
+                                  'LiteLLM StandardLoggingPayload records {"messages", "response", "model_parameters"}',
+                                  session_id=lambda c: c.original.get("trace_id") or c.original.get("call_id"))

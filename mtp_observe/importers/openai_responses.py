@@ -258,12 +258,5 @@ def items_of(source: Source):
 
 
 def read(source: Source, options: Options) -> Iterator:
-    try:
-        for item in conversations(items_of(source)):
-            if isinstance(item, chat.Conversation):
-                sid = source.stem if item.number is None else f"{source.stem}:{item.number}"
-                yield chat.to_session(item, FORMAT, source, sid, options)
-            else:
-                yield item
-    except Malformed as e:
-        raise source.error(f"{e}; expected Responses API request bodies {{\"model\", \"input\", \"instructions\"?}} (with their responses)")
+    yield from chat.read_sessions(conversations(items_of(source)), FORMAT, source, options,
+                                  'Responses API request bodies {"model", "input", "instructions"?} (with their responses)')
