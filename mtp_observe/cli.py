@@ -432,6 +432,7 @@ class _GenerationProgress:
     def turns(self, turns: int, tokens: int) -> None:
         import time
 
+        from .progress import clock
         from .wording import plural
 
         self.tokens += tokens
@@ -442,9 +443,8 @@ class _GenerationProgress:
         if self.every_s > 0 and now - self.last_line >= self.every_s:  # a CI log: the bar is not drawn there
             self.last_line = now
             left = (self.total - self.done) * elapsed / self.done if self.done else None
-            eta = "--:--" if left is None else f"{int(left // 60):02d}:{int(left % 60):02d}"
             say(self.progress.console, f"generate: {self.done:,}/{plural(self.total, 'turn')} · {self.tokens:,} tokens · "
-                                       f"{self.tokens / elapsed:,.0f} tok/s · ETA {eta}")
+                                       f"{self.tokens / elapsed:,.0f} tok/s · ETA {clock(left)}")
 
     def warn(self, message: str) -> None:
         say(self.progress.console, f"skipped: {message}")

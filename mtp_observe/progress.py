@@ -71,7 +71,7 @@ def _short(n: float) -> str:
     return f"{int(n)}"
 
 
-def _clock(seconds: float | None) -> str:
+def clock(seconds: float | None) -> str:
     if seconds is None:
         return "--:--"
     seconds = int(round(seconds))
@@ -100,7 +100,7 @@ def progress_lines(state: ProgressState, width: int = 80, bar: int = 10) -> list
         f"{state.sessions_done:,}/{plural(state.sessions, 'session')}",
         f"{_short(state.tokens_done)}/{'' if exact else '~'}{_short(total)} tok",
         f"{_short(rate)} tok/s" if rate is not None else "- tok/s",
-        f"ETA {_clock(state.eta_s)}",
+        f"ETA {clock(state.eta_s)}",
     ])
     if state.skipped and len(line) + len(f" ({state.skipped:,} skipped)") <= width:
         line += f" ({state.skipped:,} skipped)"

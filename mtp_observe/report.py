@@ -1682,10 +1682,7 @@ def run_geometry(run: Run) -> tuple[Geometry | None, str | None]:
 def run_expert_counts(run: Run) -> ExpertCounts | None:
     """The run's router window sums (requests.parquet `routing`, tables.py), summed over sessions; None without."""
     path = run.path / "requests.parquet"
-    try:
-        if "routing" not in pads.dataset(str(path), format="parquet").schema.names:
-            return None
-    except (pa.ArrowException, OSError):
+    if not _has_column(path, "routing"):
         return None
     column = read_dataset(path, ["routing"], str(run.manifest.get("status"))).column("routing").to_pylist()
     sums = [r for r in column if r is not None]
