@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .golden import check_golden, normalise
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 DESIGN_DOCS = ("SESSIONS.md", "PRODUCT.md", "ACCEPTANCE.md", "MTP_HEAD.md", "LOG_FORMATS.md", "STYLE.md")
@@ -115,3 +117,11 @@ def test_the_quickstart_commands_run_as_written(tmp_path):
         assert r.returncode == 0, (command, r.stderr[-2000:])
         assert r.stderr.count("error:") == 0, r.stderr
     assert "verdict" in r.stdout.lower() and len(list((tmp_path / "reports").iterdir())) == 1
+    # The demo's report, stored before report.py became a package (tests/golden.py): every format byte-identical.
+    [run] = list((tmp_path / "reports").iterdir())
+    places = {str(ROOT / "mtp_observe" / "default_model"): "MODEL", str(tmp_path): "TMP"}
+    for fmt in ("json", "table", "markdown"):
+        r = subprocess.run(["mtp-observe", "report", str(run), "--format", fmt], cwd=tmp_path, capture_output=True,
+                           text=True, env={**env, "COLUMNS": "100"})
+        assert r.returncode == 0, r.stderr
+        check_golden(f"demo_report.{fmt}", normalise(r.stdout, places))
