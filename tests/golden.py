@@ -15,7 +15,8 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 
 def normalise(text: str, replacements: dict[str, str]) -> str:
     """Machine- and time-specific strings (paths, timestamps) replaced by placeholders."""
-    for old, new in sorted(replacements.items(), key=lambda kv: -len(kv[0])):
+    escaped = {old.replace("_", "\\_"): new for old, new in replacements.items()}  # as markdown output writes them
+    for old, new in sorted({**replacements, **escaped}.items(), key=lambda kv: -len(kv[0])):
         text = text.replace(old, new)
     text = re.sub(r"run-\d{8}-\d{6}(-\d+)?", "run-TIMESTAMP", text)
     return re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", "CREATED", text)
