@@ -30,8 +30,15 @@ import argparse
 import numpy as np
 
 from mtp_observe.cost import (
-    DEFAULT_BATCHES, batch_speedup, best_k, break_even, config_tensors, geometry_from_tensors, parse_device,
-    roofline_times, schedule,
+    DEFAULT_BATCHES,
+    batch_speedup,
+    best_k,
+    break_even,
+    config_tensors,
+    geometry_from_tensors,
+    parse_device,
+    roofline_times,
+    schedule,
 )
 
 COMMON = dict(vocab_size=248320, head_dim=256, linear_conv_kernel_dim=4, linear_key_head_dim=128,

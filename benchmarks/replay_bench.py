@@ -38,11 +38,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mtp_observe.memory import maxrss_bytes  # noqa: E402
 from mtp_observe.pipeline import (  # noqa: E402
-    RECORDED, ReplayOptions, default_profiles, load_model, recorded_fallback, replay_session, resolve_device, resolve_dtype,
+    RECORDED,
+    ReplayOptions,
+    default_profiles,
+    load_model,
+    recorded_fallback,
+    replay_session,
+    resolve_device,
+    resolve_dtype,
     shared_prefix,
 )
-from mtp_observe.memory import maxrss_bytes  # noqa: E402
 from mtp_observe.rendering import Renderer  # noqa: E402
 from mtp_observe.sessions import read_sessions  # noqa: E402
 from mtp_observe.synthetic import SyntheticSpec, write_synthetic_checkpoint  # noqa: E402

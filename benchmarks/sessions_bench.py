@@ -22,7 +22,6 @@ from pathlib import Path
 
 from mtp_observe.memory import run_measured
 
-
 WORDS = "order refund flight booking status account the a to of and for with please check update cancel item price".split()
 
 

@@ -515,9 +515,7 @@ def generate(
 
 def _print_replay_summary(run_dir: Path) -> None:
     """One screen: what was replayed, α_k per depth, τ_sim(K) for each K, the recording sampler, where it went."""
-    from .report import drafter_cost, load_run, resolve_cost, summarize
-
-    from .report import run_drafters
+    from .report import drafter_cost, load_run, resolve_cost, run_drafters, summarize
     from .tables import read_manifest
 
     if len(run_drafters(read_manifest(run_dir))) > 1:
@@ -641,8 +639,8 @@ def report(
 ) -> None:
     """Acceptance, projected speedup and a go/no-go verdict for a run directory (imports no torch)."""
     from .cost import parse_batches
-    from .report import parse_gate, read_and_summarize, report_json
     from .presentation import markdown, plot as draw, print_rich
+    from .report import parse_gate, read_and_summarize, report_json
 
     report_too = heatmap is None or fmt is not None or any(x is not None for x in (gate, plot, baseline, probe, draft_cost))
     fmt = fmt or "table"

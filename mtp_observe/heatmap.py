@@ -19,7 +19,8 @@ import pyarrow.dataset as pads
 
 from .errors import OptionError
 from .literal import prose, visible
-from .report import Run, read_dataset
+from .report import Run
+from .tables import read_dataset
 
 # Pastel red -> yellow -> green, legible under black text.
 _LOW, _MID, _HIGH = (0xF4, 0xA6, 0xA6), (0xFB, 0xE7, 0xA1), (0xA6, 0xDB, 0xA0)

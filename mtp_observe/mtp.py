@@ -74,8 +74,7 @@ from torch import Tensor, nn
 from .checkpoint import HeadGeometry, SparseMoe, expected_head_shapes
 
 try:  # torch >= 2.3
-    from torch.nn.attention.bias import CausalBias
-    from torch.nn.attention.bias import causal_lower_right as _lower_right
+    from torch.nn.attention.bias import CausalBias, causal_lower_right as _lower_right
 except ImportError:  # pragma: no cover
     CausalBias, _lower_right = (), None
 

@@ -773,8 +773,8 @@ def _start_manifest(out: Path, opts: ReplayOptions, info, identity: dict, bundle
     import transformers
 
     from . import __version__, tables
-    from .errors import RunDirectoryError
     from .cost import geometry_of_checkpoint
+    from .errors import RunDirectoryError
     from .inventory import take_inventory
 
     resumed = tables.prepare_run_directory(out, opts.resume, opts.overwrite)
@@ -861,9 +861,8 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
 
     from . import parts, tables
     from .rendering import Renderer
-    from .sessions import SessionError, Skipped, input_name, read_sessions, speculative_steps
-
     from .routing import RouterRecorder
+    from .sessions import SessionError, Skipped, input_name, read_sessions, speculative_steps
     from .target import VLLM_DEFAULTS, generation_config_profile
 
     roster = roster or drafter_roster(opts)

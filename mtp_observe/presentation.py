@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from .engines import serve_lines
-from .metrics import CALIBRATION_TOLERANCE, Z_MAX
 from .literal import literal, markdown_literal, prose
+from .metrics import CALIBRATION_TOLERANCE, Z_MAX
 from .report import CONTEXT_BINS, Comparison, Delta, Report, Slice
 from .tables import SEGMENTS as SEGMENT_ORDER
 from .wording import plural

@@ -70,10 +70,10 @@ import torch
 import torch.nn.functional as F
 
 from . import __version__
+from .denominator import PROBE_VERSION
 from .errors import OptionError
 from .inventory import take_inventory
 from .pipeline import load_model, resolve_device, resolve_dtype
-from .report import PROBE_VERSION
 from .target import _cache_kwarg
 
 CPU_NOTE = ("measured on a CPU: CPU figures do not stand for a GPU's (batch-1 decode on a GPU is bound by memory "
@@ -332,11 +332,11 @@ def probe(
 
         # 3. One draft step: row context-1 = (h_{context-1}, x_context) of each sequence at position context-1,
         #    seeing its rows 0..context-2 and itself, then the argmax over the lm_head.
-        draft = time_call(lambda _: batched_draft_step(head, kv, hidden, new_ids[:, 0], positions), lambda: None,
+        draft = time_call(lambda _, kv=kv: batched_draft_step(head, kv, hidden, new_ids[:, 0], positions), lambda: None,
                           repeats=repeats, warmup=warmup, device=device)
 
         # 4. One target decode step and one verify of K+1 tokens per sequence, each on a fresh copy of the cache.
-        def fresh():
+        def fresh(cache=cache):
             return copy.deepcopy(cache)
 
         decode = time_call(lambda c: batched_target_forward(target, new_ids[:, :1], c), fresh, repeats=repeats,

@@ -12,9 +12,23 @@ import pytest
 
 from mtp_observe.checkpoint import read_checkpoint
 from mtp_observe.cost import (
-    DEVICES, ExpertCounts, Geometry, StepTimes, batch_speedup, best_k, break_even, check_schedule, config_tensors,
-    expected_distinct, geometry_from_tensors, geometry_of_checkpoint, parse_batches, parse_device, parse_gated,
-    roofline_times, schedule, speedup,
+    DEVICES,
+    ExpertCounts,
+    Geometry,
+    batch_speedup,
+    best_k,
+    break_even,
+    check_schedule,
+    config_tensors,
+    expected_distinct,
+    geometry_from_tensors,
+    geometry_of_checkpoint,
+    parse_batches,
+    parse_device,
+    parse_gated,
+    roofline_times,
+    schedule,
+    speedup,
 )
 from mtp_observe.errors import OptionError
 

@@ -7,8 +7,7 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from mtp_observe import acceptance
 from mtp_observe.drafters import NO_TOKEN, accepted_length, anchors, span_ends

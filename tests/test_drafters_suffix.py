@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from mtp_observe.drafters import NO_TOKEN, anchors
-from mtp_observe.drafters import suffix_tree as tree
+from mtp_observe.drafters import NO_TOKEN, anchors, suffix_tree as tree
 from mtp_observe.drafters.suffix import SuffixConfig, SuffixDecoding
 from mtp_observe.errors import OptionError
 

@@ -9,7 +9,6 @@ with the commit read).
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -19,11 +18,12 @@ import numpy as np
 import pytest
 import yaml
 
-from .handmade import random_sessions, write_run
 from mtp_observe.engines import ENGINES, check, engine_numbers, export, read_engine_metrics
 from mtp_observe.errors import EngineMetricsError
 from mtp_observe.metrics import visited_anchors_reference
 from mtp_observe.report import read_and_summarize, report_json
+
+from .handmade import random_sessions, write_run
 
 REPO = Path(__file__).resolve().parents[1]
 REPLICATES = 300

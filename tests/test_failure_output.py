@@ -54,6 +54,6 @@ def test_a_model_that_outputs_nan_stops_the_run_with_one_line(tiny_checkpoint, t
     r = run_cli("replay", path, "--model", model, "--k", "2", "--device", "cpu", "--out", out)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     [line] = r.stderr.splitlines()
-    assert f"session demo" in line and f"{who} outputs are not finite" in line and str(model) in line, line
+    assert "session demo" in line and f"{who} outputs are not finite" in line and str(model) in line, line
     assert json.loads((out / "run.json").read_text())["status"] == "failed"
     assert not list(out.glob("positions.parquet/part-*"))  # nothing of the NaN session was written

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mtp_observe.checkpoint import read_checkpoint
-from mtp_observe.mtp import route, rotary_frequencies, routed_experts, zero_centred_rms_norm
+from mtp_observe.mtp import rotary_frequencies, route, routed_experts, zero_centred_rms_norm
 from mtp_observe.pipeline import load_model
 from mtp_observe.target import prefill_hidden
 
@@ -107,17 +107,23 @@ def transformers_head_layer(model):
     text = dict(text, num_hidden_layers=1, layer_types=["full_attention"])
     if model.info.family.model_type == "qwen3_next":
         from transformers import Qwen3NextConfig as Config
-        from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextDecoderLayer as Layer
-        from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRotaryEmbedding as Rotary
+        from transformers.models.qwen3_next.modeling_qwen3_next import (
+            Qwen3NextDecoderLayer as Layer,
+            Qwen3NextRotaryEmbedding as Rotary,
+        )
         text.pop("full_attention_interval", None)
     elif model.info.family.model_type.startswith("qwen3_5_moe"):
         from transformers import Qwen3_5MoeTextConfig as Config
-        from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeDecoderLayer as Layer
-        from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeTextRotaryEmbedding as Rotary
+        from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (
+            Qwen3_5MoeDecoderLayer as Layer,
+            Qwen3_5MoeTextRotaryEmbedding as Rotary,
+        )
     else:
         from transformers import Qwen3_5TextConfig as Config
-        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer as Layer
-        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding as Rotary
+        from transformers.models.qwen3_5.modeling_qwen3_5 import (
+            Qwen3_5DecoderLayer as Layer,
+            Qwen3_5TextRotaryEmbedding as Rotary,
+        )
     cfg = Config(**text)
     cfg._attn_implementation = "eager"
     layer = Layer(cfg, 0).eval()

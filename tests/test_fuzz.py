@@ -10,16 +10,26 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mtp_observe.errors import UserError
 from mtp_observe.importers import FORMATS, import_files
 from mtp_observe.rendering import Renderer
 from mtp_observe.sessions import Session, Skipped, read_sessions
 
-from .fuzzing import (OUTCOMES, RUNS, check_checkpoint, check_cli, check_import, check_read, checkpoint_files,
-                      checkpoint_mutation, log_files, run_cli, write_input)
+from .fuzzing import (
+    OUTCOMES,
+    RUNS,
+    check_checkpoint,
+    check_cli,
+    check_import,
+    check_read,
+    checkpoint_files,
+    checkpoint_mutation,
+    log_files,
+    run_cli,
+    write_input,
+)
 
 ALL_SEEDED = list(FORMATS)
 

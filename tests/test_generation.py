@@ -20,7 +20,15 @@ import pytest
 import torch
 
 from mtp_observe.generation import (
-    Completion, GenerateOptions, Settings, TurnPrompt, accept_drafts, draw, generate, generate_batch, turn_prompts,
+    Completion,
+    GenerateOptions,
+    Settings,
+    TurnPrompt,
+    accept_drafts,
+    draw,
+    generate,
+    generate_batch,
+    turn_prompts,
 )
 from mtp_observe.pipeline import ReplayOptions, default_model_dir, load_model, replay
 from mtp_observe.report import load_run, resolve_cost, summarize

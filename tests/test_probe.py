@@ -15,7 +15,14 @@ import torch
 from mtp_observe.checkpoint import read_checkpoint
 from mtp_observe.inventory import take_inventory
 from mtp_observe.probe import (
-    BatchTiming, Timing, batched_draft_step, batched_target_forward, expand_cache, fill_context, head_kv, target_forward,
+    BatchTiming,
+    Timing,
+    batched_draft_step,
+    batched_target_forward,
+    expand_cache,
+    fill_context,
+    head_kv,
+    target_forward,
     time_call,
 )
 

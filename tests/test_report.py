@@ -17,19 +17,32 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from .handmade import HandSpan, hand_run_sessions, random_sessions, write_run
 from mtp_observe.errors import OptionError, RunDirectoryError
 from mtp_observe.metrics import (
-    Counts, decode_walk, engine_counted, rates, simulate_decode, simulate_decode_reference, visited_anchors_reference,
+    Counts,
+    decode_walk,
+    engine_counted,
+    rates,
+    simulate_decode,
+    simulate_decode_reference,
+    visited_anchors_reference,
 )
 from mtp_observe.presentation import column_groups
-from mtp_observe.tables import SCHEMA_VERSION
 from mtp_observe.report import (
-    compare, load_run, newest_run, parse_gate, read_and_summarize, report_json, resolve_cost, summarize,
+    compare,
+    load_run,
+    newest_run,
+    parse_gate,
+    read_and_summarize,
+    report_json,
+    resolve_cost,
+    summarize,
 )
+from mtp_observe.tables import SCHEMA_VERSION
+
+from .handmade import HandSpan, hand_run_sessions, random_sessions, write_run
 
 REPO = Path(__file__).resolve().parents[1]
 

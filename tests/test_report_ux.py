@@ -33,12 +33,12 @@ def test_html_alone_writes_only_the_page(hand, tmp_path):
 
 
 def test_a_bad_heatmap_id_is_refused_before_the_report_is_computed(hand, monkeypatch):
-    import mtp_observe.report as report
+    import mtp_observe.report.summary as summary
 
     def never(*args, **kwargs):
         raise AssertionError("the report was computed before the id was checked")
 
-    monkeypatch.setattr(report, "summarize", never)
+    monkeypatch.setattr(summary, "summarize", never)
     code, out, err = run_cli(["report", str(hand), "--heatmap", "nobody", "--gate", "tau_sim>=1.5"])
     assert code == 2 and out == "" and err.startswith("error: --heatmap nobody: no such session"), err
 

@@ -13,8 +13,17 @@ import pytest
 import torch
 
 from mtp_observe.target import (
-    BUILTIN_PROFILES, Distribution, PenaltyState, SamplingProfile, Turns, generation_config_profile,
-    profile_from_params, reduce_logits, sampler_distribution, turn_penalty_state, VLLM_DEFAULTS,
+    BUILTIN_PROFILES,
+    VLLM_DEFAULTS,
+    Distribution,
+    PenaltyState,
+    SamplingProfile,
+    Turns,
+    generation_config_profile,
+    profile_from_params,
+    reduce_logits,
+    sampler_distribution,
+    turn_penalty_state,
 )
 
 

@@ -5,7 +5,6 @@ refused before any work instead of giving a run the report rejects."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest

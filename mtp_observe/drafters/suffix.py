@@ -53,8 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import OptionError
-from . import NO_TOKEN, Proposals, anchors as anchors_of, span_array
-from . import suffix_tree as st
+from . import NO_TOKEN, Proposals, anchors as anchors_of, span_array, suffix_tree as st
 from .hashmap import compiled
 
 NO_SOURCE, REQUEST_TREE, GLOBAL_TREE = -1, 0, 1  # which tree a draft came from

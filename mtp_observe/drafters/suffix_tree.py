@@ -302,7 +302,6 @@ def _remove_from_siblings(t, n):
 @compiled
 def _insert_before(t, n, other):
     node = t[0]
-    group = t[1]
     parent = node[n, PARENT]
     if node[other, PREV] != -1:
         nset(t, node[other, PREV], NEXT, n)

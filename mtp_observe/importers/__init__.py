@@ -46,8 +46,18 @@ from typing import Callable, Iterator
 from ..errors import InputError, OptionError
 from ..sessions import SessionError, SessionIds, check_inputs, parse_record, path_labels, resolve_inputs
 from . import (
-    anthropic, claude_code, litellm, mini_swe_agent, openai_batch, openai_chat, openai_responses, openhands, otel_genai, tau2_bench,
-    tau_bench, vllm_log,
+    anthropic,
+    claude_code,
+    litellm,
+    mini_swe_agent,
+    openai_batch,
+    openai_chat,
+    openai_responses,
+    openhands,
+    otel_genai,
+    tau2_bench,
+    tau_bench,
+    vllm_log,
 )
 from .common import Dropped, Options, Rejected, Source
 

@@ -43,8 +43,22 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 from .common import (
-    Malformed, Options, Rejected, Source, as_dict, as_list, as_str, drop_orphan_results, interactions, join_text, meta, objects,
-    originals, sampling_params, session, user_messages,
+    Malformed,
+    Options,
+    Rejected,
+    Source,
+    as_dict,
+    as_list,
+    as_str,
+    drop_orphan_results,
+    interactions,
+    join_text,
+    meta,
+    objects,
+    originals,
+    sampling_params,
+    session,
+    user_messages,
 )
 
 FORMAT = "anthropic"

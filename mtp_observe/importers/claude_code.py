@@ -38,8 +38,19 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .common import (
-    Malformed, Options, Source, as_dict, as_list, as_str, drop_orphan_results, join_text, load_tools_file, meta,
-    originals, session, user_messages,
+    Malformed,
+    Options,
+    Source,
+    as_dict,
+    as_list,
+    as_str,
+    drop_orphan_results,
+    join_text,
+    load_tools_file,
+    meta,
+    originals,
+    session,
+    user_messages,
 )
 
 FORMAT = "claude-code"

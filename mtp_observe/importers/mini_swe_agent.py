@@ -29,7 +29,20 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from .common import Malformed, Options, Source, as_dict, as_str, drop_orphan_results, join_text, meta, objects, originals, sampling_params, session
+from .common import (
+    Malformed,
+    Options,
+    Source,
+    as_dict,
+    as_str,
+    drop_orphan_results,
+    join_text,
+    meta,
+    objects,
+    originals,
+    sampling_params,
+    session,
+)
 
 FORMAT = "mini-swe-agent"
 MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")

@@ -47,7 +47,18 @@ from typing import Iterator
 
 from . import chat
 from .common import (
-    SAMPLING_KEYS, Malformed, Options, Rejected, Source, as_dict, as_str, interactions, join_text, kind, objects, sampling_params,
+    SAMPLING_KEYS,
+    Malformed,
+    Options,
+    Rejected,
+    Source,
+    as_dict,
+    as_str,
+    interactions,
+    join_text,
+    kind,
+    objects,
+    sampling_params,
 )
 
 FORMAT = "openai-responses"

@@ -50,7 +50,19 @@ from collections import Counter
 from typing import Iterator
 
 from . import chat
-from .common import Malformed, Options, Rejected, Source, as_dict, as_list, as_str, loads, objects, originals, sampling_params
+from .common import (
+    Malformed,
+    Options,
+    Rejected,
+    Source,
+    as_dict,
+    as_list,
+    as_str,
+    loads,
+    objects,
+    originals,
+    sampling_params,
+)
 
 FORMAT = "openhands"
 FLAT_TOOLS = {"run": ("execute_bash", "command"), "run_ipython": ("execute_ipython_cell", "code")}

@@ -26,7 +26,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
-from .common import Options, Source, as_dict, as_list, drop_orphan_results, each_record, kind, load_tools_file, meta, originals, session, tools_beside
+from .common import (
+    Options,
+    Source,
+    as_dict,
+    as_list,
+    drop_orphan_results,
+    each_record,
+    kind,
+    load_tools_file,
+    meta,
+    originals,
+    session,
+    tools_beside,
+)
 
 FORMAT = "tau-bench"
 MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")

@@ -1,0 +1,63 @@
+"""The report: a run directory read back, summarised, judged against a gate, compared with a baseline.
+
+Its stages, in the order the data flows (each module opens with its own contract):
+
+    run          load_run(path) -> Run: the run directory read back and checked; newest_run(root)
+    tallies      counts per slice (tally), the simulated decode's walks, the what-if steps, the resampling plan
+                 and the slices with their bootstrap intervals
+    verdict      the gate (parse_gate), the recording-sampler fit (recording_sampler) and the judge
+    summary      summarize(run, cost) -> Report: every metric of ACCEPTANCE.md per K <= Kmax, sliced by segment,
+                 context length, turn and session, the verdict; the same at the gated batch size
+    drafters     every drafter of the run summarised on the same anchors and ranked
+    baseline     compare(report, baseline) -> Comparison
+    reading      read_and_summarize(path, ...) -> Reading: all of the above, as `mtp-observe report` runs it
+    document     report_json(report, comparison): the stable JSON (`--format json`, keys in README.md)
+
+The speedup's denominator (--probe, --draft-cost, the roofline; per batch size) is mtp_observe.denominator,
+beside cost.py. Counts are taken here; rates are derived only in metrics.py; presenting lives in
+presentation.py and heatmap.py. Imports no torch: pandas, numpy and pyarrow only, so a CI job reads a run
+without the model stack. The names below are the package's public ones (the CLI, engines, presentation and
+the tests import them from here).
+"""
+
+from ..denominator import (
+    MODEL_FREE_DRAFTERS,
+    PROBE_VERSION,
+    Cost,
+    CostTable,
+    cost_table,
+    drafter_cost,
+    drafter_table,
+    model_free_cost,
+    read_probe,
+    resolve_cost,
+    verify_extra_from_probe,
+)
+from ..tables import read_dataset
+from .baseline import Comparison, Delta, compare
+from .document import REPORT_VERSION, report_json
+from .drafters import DrafterSummary, Rank, rank_drafters, summarize_drafters
+from .reading import Reading, read_and_summarize
+from .run import LoopSteps, Rows, Run, Spans, judged_drafter, load_run, newest_run, run_drafters
+from .summary import BatchSpeedup, Report, SpeculativeCheck, batch_speedups, summarize, summarize_at_batch
+from .tallies import (
+    CONTEXT_BINS,
+    Resampling,
+    Slice,
+    context_bin,
+    simulated_steps,
+    simulated_walks,
+    tally,
+    what_if_steps,
+)
+from .verdict import DEFAULT_GATE, GATE_METRICS, Candidate, Gate, RecordingSampler, Verdict, judge, parse_gate
+
+__all__ = [
+    "BatchSpeedup", "CONTEXT_BINS", "Candidate", "Comparison", "Cost", "CostTable", "DEFAULT_GATE", "Delta",
+    "DrafterSummary", "GATE_METRICS", "Gate", "LoopSteps", "MODEL_FREE_DRAFTERS", "PROBE_VERSION", "REPORT_VERSION",
+    "Rank", "Reading", "RecordingSampler", "Report", "Resampling", "Rows", "Run", "Slice", "Spans", "SpeculativeCheck",
+    "Verdict", "batch_speedups", "compare", "context_bin", "cost_table", "drafter_cost", "drafter_table", "judge",
+    "judged_drafter", "load_run", "model_free_cost", "newest_run", "parse_gate", "rank_drafters", "read_and_summarize",
+    "read_dataset", "read_probe", "report_json", "resolve_cost", "run_drafters", "simulated_steps", "simulated_walks",
+    "summarize", "summarize_at_batch", "summarize_drafters", "tally", "verify_extra_from_probe", "what_if_steps",
+]

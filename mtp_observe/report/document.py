@@ -1,0 +1,226 @@
+"""The JSON document: a Report (and a Comparison) as the stable JSON of `report --format json`.
+
+Contract:
+    report_json(report, comparison=None) -> dict
+                                     keys documented in README.md ("report JSON"); NaN becomes null; REPORT_VERSION
+                                     is bumped on an incompatible key change
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..denominator import Cost
+from ..metrics import CALIBRATION_TOLERANCE, LL_FLOOR, Z_MAX, Rates
+from .baseline import Comparison, Delta
+from .summary import BatchSpeedup, Report
+from .tallies import Slice
+from .verdict import Candidate, RecordingSampler
+
+REPORT_VERSION = 2  # the "report_version" of report_json; bump on an incompatible key change (2: best.tau_sim is the
+# verdict's τ, speedup from τ_sim, recorded_with, slices.context, tau_profile is the position-aware what-if estimate)
+
+
+def _num(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def rates_json(r: Rates, profiles: tuple[str, ...]) -> dict:
+    """A Rates of [K] arrays -> {"alpha": [K], "accept_rate": [K], "tau": [K], "tau_sim": [K],
+    "tau_profile": {profile: [K]}, "speedup": [K], "speedup_profile": {profile: [K]}, "on_policy": x,
+    "support": {profile: x}, "calibration": {profile: x}, "fit_z": {profile: x}, "log_likelihood": {profile: x},
+    "mean_acceptance_length": [K], "draft_acceptance_rate": [K], "per_position_acceptance": [K][K]} (the last three
+    engine-counted: over the simulated decode's steps at draft length K, as vLLM counts; row K-1 of
+    per_position_acceptance holds positions 1..K, then null); NaN -> null."""
+    def seq(a):
+        return [_num(v) for v in np.asarray(a)]
+
+    return {
+        "alpha": seq(r.alpha), "accept_rate": seq(r.accept_rate), "tau": seq(r.tau), "tau_sim": seq(r.tau_sim),
+        "tau_profile": {p: seq(r.tau_profile[i]) for i, p in enumerate(profiles)},
+        "speedup": seq(r.speedup), "speedup_profile": {p: seq(r.speedup_profile[i]) for i, p in enumerate(profiles)},
+        "on_policy": _num(r.on_policy),
+        "support": {p: _num(r.support[i]) for i, p in enumerate(profiles)},
+        "calibration": {p: _num(r.calibration[i]) for i, p in enumerate(profiles)},
+        "fit_z": {p: _num(r.fit_z[i]) for i, p in enumerate(profiles)},
+        "log_likelihood": {p: _num(r.log_likelihood[i]) for i, p in enumerate(profiles)},
+        "mean_acceptance_length": seq(r.mean_acceptance_length), "draft_acceptance_rate": seq(r.draft_acceptance_rate),
+        "per_position_acceptance": [seq(row) for row in np.asarray(r.per_position_acceptance)],
+    }
+
+
+def slice_json(s: Slice, profiles: tuple[str, ...]) -> dict:
+    def maybe(r):
+        return rates_json(r, profiles) if r is not None else None
+
+    return {"name": s.name, "anchors": s.anchors, "sessions": s.sessions, "value": rates_json(s.value, profiles),
+            "lo": maybe(s.lo), "hi": maybe(s.hi), "session_weighted": maybe(s.session_weighted)}
+
+
+def delta_json(d: Delta, profiles: tuple[str, ...]) -> dict:
+    def maybe(r):
+        return rates_json(r, profiles) if r is not None else None
+
+    return {"name": d.name, "value": rates_json(d.value, profiles), "lo": maybe(d.lo), "hi": maybe(d.hi),
+            "flagged": list(d.flagged)}
+
+
+def recording_json(rec: RecordingSampler) -> dict:
+    pick = rec.candidate(rec.name)
+
+    def cand(c: Candidate) -> dict:
+        return {"name": c.name, "greedy": c.greedy, "support": _num(c.support), "calibration": _num(c.calibration),
+                "z": _num(c.z), "fits": c.fits, "log_likelihood": _num(c.log_likelihood)}
+
+    return {
+        "name": rec.name, "label": rec.label, "declared": rec.declared, "fits": rec.fits,
+        "support": _num(pick.support) if pick else None, "calibration": _num(pick.calibration) if pick else None,
+        "z": _num(pick.z) if pick else None, "tokens": rec.tokens, "own_sessions": rec.own_sessions,
+        "reason": rec.reason,
+        "rule": {"min_support": rec.min_support, "z_max": Z_MAX, "calibration_tolerance": CALIBRATION_TOLERANCE,
+                 "ll_floor": LL_FLOOR},
+        "candidates": [cand(c) for c in rec.candidates],
+    }
+
+
+def plain_cost_json(cost: Cost) -> dict:
+    """A Cost as JSON (a drafter's own, at the gated batch size)."""
+    return {"source": cost.source, "c": cost.c, "verify_extra": [float(x) for x in cost.verify_extra], "detail": cost.detail}
+
+
+def drafters_json(report: Report) -> dict:
+    """report JSON `drafters`: every drafter of the run on the same anchors (README, "report JSON")."""
+    def maybe(x):
+        return _num(x) if x is not None else None
+
+    by = {}
+    for d in report.drafters:
+        o, k = d.overall, d.best_k
+        by[d.name] = {
+            "judged": d.judged, "per_k": d.per_k, "cost": plain_cost_json(d.cost),
+            "best": {"k": k, "speedup": _num(o.value.speedup[k - 1]),
+                     "speedup_lo": _num(o.lo.speedup[k - 1]) if o.lo is not None else None,
+                     "speedup_hi": _num(o.hi.speedup[k - 1]) if o.hi is not None else None,
+                     "tau_sim": _num(o.value.tau_sim[k - 1])},
+            "overall": slice_json(o, report.profiles),
+            "slices": {"segment": [slice_json(x, report.profiles) for x in d.segments],
+                       "context": [slice_json(x, report.profiles) for x in d.context]},
+        }
+    best_by_k = []
+    for kk in range(1, report.k + 1):
+        values = [(float(d.overall.value.speedup[kk - 1]), d.name) for d in report.drafters]
+        values = [v for v in values if math.isfinite(v[0])]
+        best_by_k.append(max(values, key=lambda v: v[0])[1] if values else None)
+    return {
+        "judged": report.drafter,
+        "names": [d.name for d in report.drafters],
+        "ranking": [{"drafter": r.drafter, "k": r.k, "speedup": _num(r.speedup), "speedup_lo": maybe(r.lo),
+                     "speedup_hi": maybe(r.hi), "tau_sim": _num(r.tau_sim), "behind": _num(r.behind),
+                     "behind_lo": maybe(r.behind_lo), "behind_hi": maybe(r.behind_hi)} for r in report.ranking],
+        "best_by_k": best_by_k,
+        "by_drafter": by,
+    }
+
+
+def cost_json(report: Report) -> dict:
+    """`cost`: c and v(K) at batch 1 (as before batch sizes existed), and at the gated batch size the slices use."""
+    c, v, detail = report.cost.c, report.cost.verify_extra, report.cost.detail
+    gated = report.batch.binding if report.batch is not None else 1
+    if report.batch is not None and gated != 1:
+        one = report.batch.table.cost_at(1)
+        c, v, detail = one.c, one.verify_extra, one.detail
+    return {"source": report.cost.source, "c": float(c), "verify_extra": [float(x) for x in v], "detail": detail,
+            "batch": gated, "gated_c": float(report.cost.c), "gated_verify_extra": [float(x) for x in report.cost.verify_extra]}
+
+
+def batch_json(b: BatchSpeedup) -> dict:
+    """`batch`: speedup by batch size (README, "report JSON")."""
+    t = b.times
+
+    def grid(a):
+        return None if a is None else [[_num(x) for x in row] for row in np.asarray(a)]
+
+    return {
+        "source": t.source, "detail": t.detail, "unit": t.unit, "batch_sizes": list(t.batch), "context": b.table.context,
+        "k": list(range(1, b.value.shape[1] + 1)),
+        "speedup": grid(b.value), "speedup_lo": grid(b.lo), "speedup_hi": grid(b.hi),
+        "best_k": list(b.best_k), "break_even_tau": grid(b.break_even),
+        "draft_cost": [_num(x) for x in t.draft_cost()], "verify_extra": grid(t.verify_extra(b.value.shape[1])),
+        "target_step": grid(t.target), "draft_step": [_num(x) for x in t.draft],
+        "bound": None if t.bound is None else {"target": t.bound.tolist(), "draft": t.draft_bound.tolist()},
+        "flags": list(t.flags), "notes": list(t.notes), "experts": b.table.experts,
+        "gated": list(b.gated), "binding": b.binding,
+        "num_speculative_tokens_per_batch_size": [list(r) for r in b.schedule],
+        "speculative_config": b.speculative_config,
+    }
+
+
+def report_json(report: Report, comparison: Comparison | None = None) -> dict:
+    m = report.manifest
+    model = m.get("model") or {}
+    k = report.best_k
+    o = report.overall
+    v = report.verdict
+    plan = report.resampling
+
+    def at(r: Rates | None, field: str) -> float | None:
+        return _num(getattr(r, field)[k - 1]) if r is not None else None
+
+    return {
+        "report_version": REPORT_VERSION,
+        "run": {
+            "path": str(report.path), "status": m.get("status"), "schema_version": m.get("schema_version"),
+            "created": m.get("created"), "model": model.get("path"), "dtype": m.get("dtype"), "device": m.get("device"),
+            "k": report.k, "profiles": list(report.profiles), "sessions": len(report.sessions), "anchors": o.anchors,
+            "rows": report.rows, "drafter": report.drafter, "target_ran": m.get("target_ran", True) is not False,
+        },
+        "cost": cost_json(report),
+        "bootstrap": {"replicates": report.replicates, "seed": report.seed, "level": report.level,
+                      "unit": plan.unit if plan else None, "note": plan.note if plan else None},
+        "k": list(range(1, report.k + 1)),
+        "overall": slice_json(o, report.profiles),
+        "best": {
+            "k": k, "speedup": at(o.value, "speedup"), "speedup_lo": at(o.lo, "speedup"), "speedup_hi": at(o.hi, "speedup"),
+            "tau_sim": at(o.value, "tau_sim"), "tau_sim_lo": at(o.lo, "tau_sim"), "tau_sim_hi": at(o.hi, "tau_sim"),
+            "tau": at(o.value, "tau"), "tau_lo": at(o.lo, "tau"), "tau_hi": at(o.hi, "tau"),
+            "serve_k": report.serve_k, "batch": report.batch.binding if report.batch is not None else 1,
+        },
+        "on_policy": {"rate": _num(o.value.on_policy), "lo": _num(o.lo.on_policy) if o.lo else None,
+                      "hi": _num(o.hi.on_policy) if o.hi else None, "min": v.min_support},
+        "recorded_with": recording_json(report.recording) if report.recording else None,
+        "verdict": {"status": v.status, "gate": v.gate.text, "enforced": v.enforced, "metric": v.gate.metric,
+                    "threshold": v.gate.threshold, "k": v.k, "value": _num(v.value), "lower": _num(v.lower),
+                    "reason": v.reason, "exit_code": v.exit_code,
+                    "batch": report.batch.binding if report.batch is not None else 1,
+                    "batches": [{"batch": b, "status": x.status, "k": x.k, "value": _num(x.value), "lower": _num(x.lower),
+                                 "reason": x.reason} for b, x in zip(report.batch.gated, report.batch.verdicts)]
+                    if report.batch is not None else []},
+        "slices": {
+            "segment": [slice_json(s, report.profiles) for s in report.segments],
+            "context": [slice_json(s, report.profiles) for s in report.context],
+            "turn": [slice_json(s, report.profiles) for s in report.turns],
+            "session": [slice_json(s, report.profiles) for s in report.sessions],
+        },
+        "notes": list(report.notes),
+        "speculative_check": [
+            {"k": c.k, "requests": c.requests, "tokens": c.tokens, "steps": c.steps, "tokens_per_step": _num(c.tokens_per_step),
+             "replay_steps": c.replay_steps, "replay_tau_sim": _num(c.replay_tau_sim), "agreeing_steps": c.agree,
+             "agree": c.agrees, "first_difference": c.first_difference}
+            for c in report.speculative
+        ],
+        "drafters": drafters_json(report),
+        "batch": batch_json(report.batch) if report.batch is not None else None,
+        "baseline": None if comparison is None else {
+            "path": str(comparison.baseline_path), "k": comparison.k, "profiles": list(comparison.profiles),
+            "sessions": {"shared": comparison.shared, "only_current": comparison.only_current,
+                         "only_baseline": comparison.only_baseline, "paired": comparison.paired,
+                         "note": comparison.note},
+            "overall": delta_json(comparison.overall, comparison.profiles),
+            "slices": {"segment": [delta_json(d, comparison.profiles) for d in comparison.segments],
+                       "context": [delta_json(d, comparison.profiles) for d in comparison.context],
+                       "turn": [delta_json(d, comparison.profiles) for d in comparison.turns]},
+        },
+    }
