@@ -358,7 +358,8 @@ def replay(
     """Replay sessions through the target with the MTP head (and other drafters) alongside; write the run directory."""
     from .drafters.roster import NEEDS_MTP, parse_drafters
     from .drafters.suffix import SuffixConfig
-    from .pipeline import ReplayOptions, default_run_dir, replay as run_replay
+    from .manifest import default_run_dir
+    from .pipeline import ReplayOptions, replay as run_replay
     from .progress import ProgressDisplay
 
     _check_on_error(on_error)

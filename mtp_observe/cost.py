@@ -452,7 +452,8 @@ def config_tensors(text_config: dict, family: str = "qwen3_5", tied: bool = Fals
     """The tensors a Qwen3.5 (dense) or Qwen3.5-MoE checkpoint of this text config holds (names in the text
     layout, BF16), from the config alone: for worked examples at published dimensions (README) without
     downloading a checkpoint. tests/test_cost.py checks it against real headers of tiny checkpoints."""
-    from .checkpoint import TensorEntry, expected_head_shapes, geometry_from_config
+    from .checkpoint import TensorEntry
+    from .families import expected_head_shapes, geometry_from_config
 
     c = text_config
     H, V = int(c["hidden_size"]), int(c["vocab_size"])

@@ -30,7 +30,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from .checkpoint import FP8_DTYPE, SCALE_SUFFIX, CheckpointInfo, Quantization, SparseMoe, TensorEntry
+from .checkpoint import FP8_DTYPE, SCALE_SUFFIX, CheckpointInfo, Quantization, TensorEntry
+from .families import SparseMoe
 
 # name -> (bits per matrix weight, bits per vector element)
 PRECISIONS: dict[str, tuple[float, float]] = {

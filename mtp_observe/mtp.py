@@ -71,7 +71,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checkpoint import HeadGeometry, SparseMoe, expected_head_shapes
+from .families import HeadGeometry, SparseMoe, expected_head_shapes
 
 try:  # torch >= 2.3
     from torch.nn.attention.bias import CausalBias, causal_lower_right as _lower_right

@@ -456,7 +456,7 @@ class SyntheticSpec:
 
 def random_head_state(spec: SyntheticSpec, generator: torch.Generator) -> dict[str, Tensor]:
     """The head's tensors (experts fused), random: matrices ~ N(0, 1/fan_in), norms visibly non-zero."""
-    from .checkpoint import expected_head_shapes, geometry_from_config
+    from .families import expected_head_shapes, geometry_from_config
 
     g = geometry_from_config(spec.model_type, spec.text_config())
     state = {}

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+RECORDED = "recorded"  # the profile scored with each session's own meta.sampling (else the fallback)
+
 
 def _cache_kwarg(text_model) -> str:
     """transformers renamed `past_key_values` to `cache`; use whichever this version takes."""

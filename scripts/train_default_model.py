@@ -72,7 +72,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import generate_sessions  # noqa: E402  (scripts/generate_sessions.py)
 
-from mtp_observe.checkpoint import HeadGeometry, expected_head_shapes  # noqa: E402
+from mtp_observe.families import HeadGeometry, expected_head_shapes  # noqa: E402
 from mtp_observe.mtp import MtpHead, causal_mask  # noqa: E402
 from mtp_observe.synthetic import SyntheticSpec, chat_template, save_checkpoint, train_tokenizer  # noqa: E402
 

@@ -15,16 +15,15 @@ from mtp_observe.mtp import rotary_frequencies, route, routed_experts, zero_cent
 from mtp_observe.pipeline import load_model
 from mtp_observe.target import prefill_hidden
 
-from .reference_head import CORRECT, Reading, ReferenceHead
+from .head_checks import SAMPLE_ANCHORS, K, assert_wrong_reading_differs, product_drafts, reference
+from .reference_head import Reading
 from .test_checkpoint import assert_one_line_exit_2, run_cli
 
 N_TOKENS = 200
-K = 3
 MOE = dict(family="qwen3_5_moe")  # Qwen3.5-35B-A3B-like: VLM wrapper, fused experts, renormalised routing
 MOE_PER_EXPERT = dict(family="qwen3_5_moe", expert_layout="per_expert")
 NEXT = dict(family="qwen3_next", layout="text")  # Qwen3-Next-80B-A3B-like: text-only, per-expert, norm_topk_prob true
 NEXT_UNNORMALISED = dict(family="qwen3_next", layout="text", norm_topk_prob=False)
-SAMPLE_ANCHORS = [1, 2, 9, 17, 33, 50, 64, 65, 81, 99, 130, 150, 177, 198]
 
 
 @pytest.fixture(scope="module")
@@ -40,19 +39,6 @@ def models(make_checkpoint):
         return cache[key]
 
     return get
-
-
-def product_drafts(head, ids, hidden, anchors, k=K):
-    rows = head.row_pass(hidden[:-1], ids[1:], chunk_size=64)
-    anchors = torch.as_tensor(anchors)
-    drafts = head.chain(rows, anchors, torch.full_like(anchors, k), keep_states=True)
-    return drafts.tokens, head.logits(drafts.states.reshape(-1, head.geometry.hidden_size)).reshape(len(anchors), k, -1)
-
-
-def reference(model, reading: Reading = CORRECT) -> ReferenceHead:
-    head = model.head
-    return ReferenceHead(head.named_weights(), head.geometry, head.embed_tokens, head.lm_head, reading,
-                         text_config=model.info.text_config)
 
 
 # --- routing, pinned by value ----------------------------------------------------------------
@@ -159,7 +145,7 @@ def test_the_cached_moe_head_equals_a_plain_recomputation_at_every_anchor(models
     model, ids, hidden = models(**spec)
     anchors = list(range(1, N_TOKENS))
     tokens, logits = product_drafts(model.head, ids, hidden, anchors)
-    ref = reference(model)
+    ref = reference(model, text_config=model.info.text_config)
     worst = 0.0
     for a, p in enumerate(anchors):
         ref_tokens, ref_logits = ref.draft(hidden, ids, p, K)
@@ -168,43 +154,32 @@ def test_the_cached_moe_head_equals_a_plain_recomputation_at_every_anchor(models
     assert worst < 1e-5, worst
 
 
-def assert_wrong_reading_differs(model, ids, hidden, reading: Reading):
-    tokens, logits = product_drafts(model.head, ids, hidden, SAMPLE_ANCHORS)
-    right, wrong = reference(model), reference(model, reading)
-    gap, drafts_differ = 0.0, False
-    for a, p in enumerate(SAMPLE_ANCHORS):
-        ref_tokens, ref_logits = right.draft(hidden, ids, p, K)
-        wrong_tokens, wrong_logits = wrong.draft(hidden, ids, p, K)
-        assert tokens[a].tolist() == ref_tokens
-        assert (logits[a] - ref_logits).abs().max() < 1e-5
-        gap = max(gap, float((wrong_logits - ref_logits).abs().max()))
-        drafts_differ |= wrong_tokens != ref_tokens
-    assert gap > 0.05, f"{reading}: the wrong reading is indistinguishable (max logit gap {gap})"
-    assert drafts_differ, f"{reading}: the wrong reading drafts the same tokens"
+def assert_moe_reading_differs(model, ids, hidden, reading: Reading):
+    assert_wrong_reading_differs(model, ids, hidden, reading, text_config=model.info.text_config)
 
 
 def test_top_k_weights_are_renormalised_when_norm_topk_prob_is_true(models):
     model = models(**MOE)
     assert model[0].head.geometry.moe.norm_topk_prob
-    assert_wrong_reading_differs(*model, Reading(no_renormalise=True))
+    assert_moe_reading_differs(*model, Reading(no_renormalise=True))
 
 
 def test_without_renormalisation_the_softmax_comes_before_the_top_k(models):
     model = models(**NEXT_UNNORMALISED)
     assert not model[0].head.geometry.moe.norm_topk_prob
-    assert_wrong_reading_differs(*model, Reading(topk_before_softmax=True))
+    assert_moe_reading_differs(*model, Reading(topk_before_softmax=True))
 
 
 def test_gate_up_proj_holds_the_gate_rows_first(models):
-    assert_wrong_reading_differs(*models(**MOE), Reading(up_gate_swapped=True))
+    assert_moe_reading_differs(*models(**MOE), Reading(up_gate_swapped=True))
 
 
 def test_the_shared_expert_is_scaled_by_the_sigmoid_of_its_gate(models):
-    assert_wrong_reading_differs(*models(**MOE), Reading(no_shared_sigmoid=True))
+    assert_moe_reading_differs(*models(**MOE), Reading(no_shared_sigmoid=True))
 
 
 def test_the_shared_expert_is_added(models):
-    assert_wrong_reading_differs(*models(**NEXT), Reading(no_shared_expert=True))
+    assert_moe_reading_differs(*models(**NEXT), Reading(no_shared_expert=True))
 
 
 # --- both expert layouts ---------------------------------------------------------------------
@@ -253,7 +228,7 @@ def test_a_moe_text_config_needs_no_dense_intermediate_size(make_checkpoint):
 @pytest.mark.parametrize("extra, moe", [({}, True), ({"mlp_only_layers": [0]}, False), ({"decoder_sparse_step": 2}, False),
                                         ({"mlp_only_layers": [1, 2]}, True)])
 def test_the_qwen3_next_head_is_moe_exactly_when_vllm_builds_layer_0_as_moe(extra, moe):
-    from mtp_observe.checkpoint import geometry_from_config
+    from mtp_observe.families import geometry_from_config
     from mtp_observe.synthetic import SyntheticSpec
 
     g = geometry_from_config("qwen3_next", SyntheticSpec(**NEXT, extra=extra).text_config())
@@ -329,7 +304,7 @@ def test_the_heads_rope_frequencies_equal_transformers_own(params):
     from transformers import Qwen3_5TextConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from mtp_observe.checkpoint import geometry_from_config
+    from mtp_observe.families import geometry_from_config
     from mtp_observe.synthetic import SyntheticSpec
 
     tc = SyntheticSpec(head_dim=64, rope_theta=1e6).text_config()
@@ -355,7 +330,7 @@ def test_a_yarn_head_layer_equals_transformers_decoder_layer_with_yarn_rotary(ma
     assert_head_layer_equals_transformers(model, ids, hidden)
     # ... and the reference head, fed transformers' yarn frequencies, agrees at sampled anchors
     tokens, logits = product_drafts(model.head, ids, hidden, SAMPLE_ANCHORS)
-    ref = reference(model)
+    ref = reference(model, text_config=model.info.text_config)
     for a, p in enumerate(SAMPLE_ANCHORS):
         ref_tokens, ref_logits = ref.draft(hidden, ids, p, K)
         assert tokens[a].tolist() == ref_tokens and (logits[a] - ref_logits).abs().max() < 1e-5

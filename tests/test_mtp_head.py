@@ -9,10 +9,10 @@ from mtp_observe import mtp
 from mtp_observe.mtp import zero_centred_rms_norm
 from mtp_observe.target import prefill_hidden
 
-from .reference_head import CORRECT, Reading, ReferenceHead
+from .head_checks import SAMPLE_ANCHORS, K, assert_wrong_reading_differs, product_drafts, reference
+from .reference_head import Reading
 
 N_TOKENS = 200
-K = 3
 
 
 @pytest.fixture(scope="module")
@@ -22,18 +22,6 @@ def request_tokens(tiny_model):
     ids = torch.randint(0, tiny_model.info.geometry.vocab_size, (N_TOKENS,), generator=gen)
     hidden = prefill_hidden(tiny_model.target, ids, chunk_size=64)
     return ids, hidden
-
-
-def product_drafts(head, ids, hidden, anchors, k=K, chunk_size=64):
-    rows = head.row_pass(hidden[:-1], ids[1:], chunk_size=chunk_size)
-    anchors = torch.as_tensor(anchors)
-    drafts = head.chain(rows, anchors, torch.full_like(anchors, k), keep_states=True)
-    return drafts.tokens, head.logits(drafts.states.reshape(-1, head.geometry.hidden_size)).reshape(len(anchors), k, -1)
-
-
-def reference(tiny_model, reading: Reading = CORRECT) -> ReferenceHead:
-    head = tiny_model.head
-    return ReferenceHead(head.named_weights(), head.geometry, head.embed_tokens, head.lm_head, reading)
 
 
 def test_the_zero_centred_norm_scales_by_one_plus_w_on_a_worked_example():
@@ -84,59 +72,39 @@ def test_the_cached_row_pass_and_chain_equal_a_plain_recomputation_at_every_anch
     assert worst < 1e-5, worst
 
 
-SAMPLE_ANCHORS = [1, 2, 9, 17, 33, 50, 64, 65, 81, 99, 130, 150, 177, 198]
-
-
-def assert_wrong_reading_differs(tiny_model, request_tokens, reading: Reading, anchors=SAMPLE_ANCHORS):
-    """The product equals the correct reference; the wrong reading gives a different answer."""
-    ids, hidden = request_tokens
-    tokens, logits = product_drafts(tiny_model.head, ids, hidden, anchors)
-    right, wrong = reference(tiny_model), reference(tiny_model, reading)
-    gap, drafts_differ = 0.0, False
-    for a, p in enumerate(anchors):
-        ref_tokens, ref_logits = right.draft(hidden, ids, p, K)
-        wrong_tokens, wrong_logits = wrong.draft(hidden, ids, p, K)
-        assert tokens[a].tolist() == ref_tokens
-        assert (logits[a] - ref_logits).abs().max() < 1e-5
-        gap = max(gap, float((wrong_logits - ref_logits).abs().max()))
-        drafts_differ |= wrong_tokens != ref_tokens
-    assert gap > 0.05, f"{reading}: the wrong reading is indistinguishable (max logit gap {gap})"
-    assert drafts_differ, f"{reading}: the wrong reading drafts the same tokens"
-
-
 def test_the_fc_input_is_embedding_then_hidden(tiny_model, request_tokens):
-    assert_wrong_reading_differs(tiny_model, request_tokens, Reading(concat_reversed=True))
+    assert_wrong_reading_differs(tiny_model, *request_tokens, Reading(concat_reversed=True))
 
 
 def test_each_half_of_the_fc_input_has_its_own_norm(tiny_model, request_tokens):
-    assert_wrong_reading_differs(tiny_model, request_tokens, Reading(one_norm_over_2h=True))
+    assert_wrong_reading_differs(tiny_model, *request_tokens, Reading(one_norm_over_2h=True))
 
 
 def test_every_norm_scales_by_one_plus_w_not_w(tiny_model, request_tokens):
-    assert_wrong_reading_differs(tiny_model, request_tokens, Reading(plain_norm=True))
+    assert_wrong_reading_differs(tiny_model, *request_tokens, Reading(plain_norm=True))
 
 
 def test_row_i_pairs_h_i_with_the_next_token(tiny_model, request_tokens):
-    assert_wrong_reading_differs(tiny_model, request_tokens, Reading(pair_same_position=True))
+    assert_wrong_reading_differs(tiny_model, *request_tokens, Reading(pair_same_position=True))
 
 
 def test_query_and_gate_are_split_per_head(tiny_model, request_tokens):
-    assert_wrong_reading_differs(tiny_model, request_tokens, Reading(global_gate_split=True))
+    assert_wrong_reading_differs(tiny_model, *request_tokens, Reading(global_gate_split=True))
 
 
 def test_rotary_covers_only_the_first_quarter_of_the_head_dim(tiny_model, request_tokens):
     assert tiny_model.head.geometry.rotary_dim == tiny_model.head.geometry.head_dim // 4
-    assert_wrong_reading_differs(tiny_model, request_tokens, Reading(rotate_all_dims=True))
+    assert_wrong_reading_differs(tiny_model, *request_tokens, Reading(rotate_all_dims=True))
 
 
 def test_rotary_pairs_dims_by_rotate_half_not_interleaved(tiny_model, request_tokens):
-    assert_wrong_reading_differs(tiny_model, request_tokens, Reading(interleaved_rotary=True))
+    assert_wrong_reading_differs(tiny_model, *request_tokens, Reading(interleaved_rotary=True))
 
 
 def test_chain_positions_advance_by_one_per_step(tiny_model, request_tokens):
     # A one- or two-position shift moves few argmaxes on a random head: look at every anchor.
     every_anchor = list(range(1, N_TOKENS))
-    assert_wrong_reading_differs(tiny_model, request_tokens, Reading(chain_positions_fixed=True), every_anchor)
+    assert_wrong_reading_differs(tiny_model, *request_tokens, Reading(chain_positions_fixed=True), every_anchor)
 
 
 def test_the_head_drafts_from_the_targets_post_final_norm_hidden_state(tiny_model, request_tokens):
