@@ -1,0 +1,220 @@
+"""The `replay` command: sessions through the target and the head into a run directory, and its closing summary."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from ..errors import OptionError, UserError
+from ..literal import literal
+from ..wording import plural
+from .common import (
+    DEVICE_METAVAR,
+    ChatTemplateOption,
+    Dtype,
+    OnError,
+    TemplateKwargsOption,
+    _check_on_error,
+    _model_dir,
+    _template_overrides,
+    err,
+    out,
+    say,
+)
+
+
+def _parse_sampling(specs: list[str], recorded_with: Optional[str] = None):
+    """--sampling specs and --recorded-with -> (profiles, the declared profile's name or None).
+
+    The profiles are the built-in ones and the checkpoint's generation_config (added by the replay),
+    replaced or extended by --sampling; --recorded-with NAME=... adds (or replaces) one more."""
+    from ..target import profile_from_spec
+
+    profiles = {}
+    declared = None
+    for option, spec in [("--sampling", s) for s in specs] + ([("--recorded-with", recorded_with)] if recorded_with else []):
+        if option == "--recorded-with" and "=" not in spec:
+            declared = spec
+            continue
+        try:
+            profile = profile_from_spec(spec)
+        except ValueError as e:
+            raise OptionError(f"{option} {spec}: {e} (e.g. creative=1.0,0.95,50 or chat=0.7,0.8,20,1.5; top_k 0 = off)")
+        profiles[profile.name] = profile  # a built-in name is replaced
+        declared = profile.name if option == "--recorded-with" else declared
+    return tuple(profiles.values()), declared
+
+
+def _parse_ngram(text: Optional[str]):
+    """--ngram MIN,MAX (or N for both) -> drafters.ngram.NgramConfig, vLLM's resolution of the two bounds."""
+    from ..drafters.ngram import ngram_config
+
+    if text is None:
+        return ngram_config()
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
+        raise OptionError(f"--ngram {text}: expected MIN,MAX (vLLM's prompt_lookup_min, prompt_lookup_max), e.g. 3,5")
+    lo, hi = int(parts[0]), int(parts[-1])
+    return ngram_config(lo, hi)
+
+
+def _with_defaults(extra, model_dir: Path) -> tuple:
+    """The default profiles, each replaced by an --sampling profile of the same name, then the new ones."""
+    from ..pipeline import default_profiles
+
+    by_name = {p.name: p for p in default_profiles(model_dir)}
+    by_name.update({p.name: p for p in extra})
+    return tuple(by_name.values())
+
+
+def replay(
+    files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Session JSONL files (.gz too), directories of them, or - for standard input.")],
+    model: Annotated[Optional[Path], typer.Option("--model", help="Checkpoint directory, or a Hugging Face id (ORG/NAME[@REVISION]) in the local cache (default: the bundled model).")] = None,
+    k: Annotated[int, typer.Option("--k", help="Draft depth Kmax; one replay answers every K <= Kmax.")] = 4,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", "-o", help="Run directory (default: reports/run-<time>).")] = None,
+    chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill chunk (tokens) for the target and the head's row pass.")] = 2048,
+    sampling: Annotated[Optional[list[str]], typer.Option("--sampling", help="Extra sampling profile NAME=T,TOP_P,TOP_K[,PRESENCE[,FREQUENCY[,REPETITION[,MIN_P]]]] (repeatable; the Qwen3.5 card's four, greedy and generation_config are built in).")] = None,
+    recorded_with: Annotated[Optional[str], typer.Option("--recorded-with", help="The sampler the sessions were recorded with: greedy, a profile NAME, or NAME=T,TOP_P,TOP_K[,...] (default: the report names the best fit).")] = None,
+    device: Annotated[str, typer.Option("--device", metavar=DEVICE_METAVAR, help="Where the target runs (auto: cuda if available).")] = "auto",
+    dtype: Annotated[Dtype, typer.Option("--dtype", help="auto: bfloat16 on CUDA, float32 on CPU.")] = "auto",
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an unfinished run in --out without recomputing finished sessions.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the run in --out.")] = False,
+    on_error: Annotated[OnError, typer.Option("--on-error", help="fail: a bad session stops the run; skip: it is recorded in run.json and skipped.")] = "fail",
+    max_sessions: Annotated[Optional[int], typer.Option("--max-sessions", help="Replay at most N sessions (counted in input order).")] = None,
+    device_map: Annotated[Optional[str], typer.Option("--device-map", help="auto: spread a target too large for one GPU over all visible GPUs (needs accelerate).")] = None,
+    chat_template: ChatTemplateOption = None,
+    template_kwargs: TemplateKwargsOption = None,
+    drafters: Annotated[str, typer.Option("--drafters", help="Drafters to run side by side at every anchor: mtp (the head), ngram (vLLM's prompt lookup), suffix (suffix decoding), hybrid (Arctic's: suffix when its score >= K, else mtp), hybrid_longer (the longer of suffix's and mtp's). Model-free only (ngram, suffix): no weights are loaded.")] = "mtp",
+    ngram: Annotated[Optional[str], typer.Option("--ngram", help="MIN,MAX: vLLM's prompt_lookup_min, prompt_lookup_max (default 5,5; one number sets both).")] = None,
+    suffix_max_tree_depth: Annotated[int, typer.Option("--suffix-max-tree-depth", help="vLLM's suffix_decoding_max_tree_depth.")] = 24,
+    suffix_max_cached_requests: Annotated[int, typer.Option("--suffix-max-cached-requests", help="vLLM's suffix_decoding_max_cached_requests (outputs the global tree keeps; 0: none).")] = 10000,
+    suffix_max_spec_factor: Annotated[float, typer.Option("--suffix-max-spec-factor", help="vLLM's suffix_decoding_max_spec_factor (draft at most factor x match length + offset).")] = 1.0,
+    suffix_max_spec_offset: Annotated[float, typer.Option("--suffix-max-spec-offset", help="Arctic's max_spec_offset (vLLM leaves it 0).")] = 0.0,
+    suffix_min_token_prob: Annotated[float, typer.Option("--suffix-min-token-prob", help="vLLM's suffix_decoding_min_token_prob.")] = 0.1,
+    part_sessions: Annotated[int, typer.Option("--part-sessions", metavar="N", help="Write the run's Parquet parts N sessions at a time at most (fewer when a part reaches 2M rows or a minute's work); 1: one part per session.")] = 256,
+    progress_every: Annotated[float, typer.Option("--progress-every", metavar="SECONDS", help="Without a terminal (a CI log): print the progress line to stderr every SECONDS (0: never).")] = 30.0,
+) -> None:
+    """Replay sessions through the target with the MTP head (and other drafters) alongside; write the run directory."""
+    from ..manifest import default_run_dir
+    from ..pipeline import ReplayOptions, replay as run_replay
+    from ..progress import ProgressDisplay
+    from ..drafters.roster import NEEDS_MTP, parse_drafters
+    from ..drafters.suffix import SuffixConfig
+
+    _check_on_error(on_error)
+    if progress_every < 0:
+        raise OptionError(f"--progress-every {progress_every:g}: expected seconds >= 0 (0: no progress lines)")
+    names = parse_drafters(drafters)
+    ngram_config = _parse_ngram(ngram)
+    suffix_config = SuffixConfig(max_tree_depth=suffix_max_tree_depth, max_cached_requests=suffix_max_cached_requests,
+                                 max_spec_factor=suffix_max_spec_factor, max_spec_offset=suffix_max_spec_offset,
+                                 min_token_prob=suffix_min_token_prob)
+    model_free = not any(n in NEEDS_MTP for n in names)
+    if model_free and (sampling or recorded_with):
+        raise OptionError(f"--sampling and --recorded-with score the target's sampler, which a replay of model-free drafters "
+                          f"only (--drafters {drafters}) does not run; add mtp to --drafters, or drop them")
+    overrides = _template_overrides(chat_template, template_kwargs)
+    bundled = model is None
+    model_dir = _model_dir(model)
+    out_path = out_dir or default_run_dir()
+    extra, declared = _parse_sampling(sampling or [], recorded_with)
+    opts = ReplayOptions(k=k, chunk_size=chunk_size, device=device, dtype=dtype,
+                         profiles=_with_defaults(extra, model_dir) if not model_free else (), recorded_with=declared,
+                         on_error=on_error, max_sessions=max_sessions, resume=resume, overwrite=overwrite,
+                         device_map=device_map, template=overrides, drafters=names, ngram=ngram_config,
+                         suffix=suffix_config, part_sessions=part_sessions)
+    rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
+    try:
+        # A live line on a terminal, cleared when it stops (a failure leaves its error line alone); a plain
+        # line every --progress-every seconds without one.
+        with ProgressDisplay(err, live=rank0 and err.is_terminal, every_s=progress_every if rank0 else 0, say=say) as progress:
+            run_dir = run_replay(files, model_dir, out_path, opts, bundled=bundled, observer=progress if rank0 else None)
+    except KeyboardInterrupt:  # run.json says "failed"; every finished session's part is complete on disk
+        if rank0:
+            done = _sessions_kept(out_path)
+            say(err, f"interrupted: {plural(done, 'finished session')} {'is' if done == 1 else 'are'} kept in {out_path}; "
+                     f"continue with the same command and --out {out_path} --resume")
+        raise typer.Exit(130)
+    if rank0:
+        _print_replay_summary(run_dir)
+
+
+def _sessions_kept(run_dir: Path) -> int:
+    """The sessions an interrupted replay left on disk, as its run.json counts them (parts.counts_on_disk)."""
+    from ..tables import read_manifest
+
+    try:
+        return int(read_manifest(run_dir).get("counts", {}).get("sessions_ok", 0))
+    except (UserError, ValueError, TypeError):
+        return 0
+
+
+def _print_replay_summary(run_dir: Path) -> None:
+    """One screen: what was replayed, α_k per depth, τ_sim(K) for each K, the recording sampler, where it went."""
+    from ..report import drafter_cost, load_run, resolve_cost, run_drafters, summarize
+    from ..tables import read_manifest
+
+    if len(run_drafters(read_manifest(run_dir))) > 1:
+        _print_drafters_summary(run_dir)
+        return
+    run = load_run(run_dir)
+    m, c = run.manifest, run.manifest["counts"]
+    rep = summarize(run, drafter_cost(resolve_cost(run), run.drafter), replicates=200, seed=0)
+    v = rep.overall.value
+    t = Table(title=f"replay: {plural(c['sessions_ok'], 'session')} ({c['sessions_skipped']:,} skipped), "
+                    f"{plural(c['requests'], 'request')}, {plural(c['tokens_replayed'], 'token')}, "
+                    f"{plural(c['anchors'], 'anchor')} · {m['timing']['tokens_per_s']:,} tok/s")
+    t.add_column("K / depth k", justify="right")
+    t.add_column("α_k (conditional)", justify="right")
+    t.add_column("A_k (per position)", justify="right")
+    t.add_column("τ_sim(K)", justify="right")
+    t.add_column("τ(K) vLLM", justify="right")
+    for k in range(rep.k):
+        t.add_row(str(k + 1), f"{v.alpha[k]:.3f}", f"{v.accept_rate[k]:.3f}", f"{v.tau_sim[k]:.3f}", f"{v.tau[k]:.3f}")
+    out.print(t)
+    rec = rep.recording
+    fit = (f"recording sampler: {rec.label}" if rec.fits else
+           f"recording sampler: none of the {len(rec.candidates)} candidates fits these sessions, so they are not this "
+           "target's own traffic (mtp-observe report lists the statistics)" if rec.name is None else
+           f"recording sampler: {rec.label} does not fit these sessions (mtp-observe report lists the statistics)")
+    say(out, f"on-policy rate {float(v.on_policy):.3f}; {fit}")
+    if str(m.get("device", "")).startswith("cuda"):  # transformers' own warning about it is silenced (stderr is ours)
+        import importlib.util
+
+        missing = [p for p, module in (("flash-linear-attention", "fla"), ("causal-conv1d", "causal_conv1d"))
+                   if importlib.util.find_spec(module) is None]
+        if missing:
+            say(out, f"note: the target ran transformers' reference linear-attention kernels (correct, slower); "
+                     f"pip install {' '.join(missing)} for the fast ones")
+    say(out, f"run directory: {run_dir}   next: mtp-observe report {run_dir}")
+
+
+def _print_drafters_summary(run_dir: Path) -> None:
+    """The replay summary of a run of several drafters: τ_sim(K) of each (α_1 in its header), where it went. One
+    drafter's rows are read at a time."""
+    from ..report import load_run, model_free_cost, run_drafters, summarize
+    from ..tables import read_manifest
+
+    m = read_manifest(run_dir)
+    c = m["counts"]
+    rate = (m.get("timing") or {}).get("tokens_per_s")
+    t = Table(title=f"replay: {c['sessions_ok']} sessions ({c['sessions_skipped']} skipped), {c['requests']} requests, "
+                    f"{c['tokens_replayed']:,} tokens, {c['anchors']:,} anchors per drafter, {c['rows']:,} rows"
+                    + (f" · {rate:,} tok/s" if rate else ""))
+    t.add_column("K", justify="right")
+    names, values = run_drafters(m), {}
+    for name in names:  # τ_sim and α_1 do not depend on the cost
+        run = load_run(run_dir, name)
+        values[name] = summarize(run, model_free_cost(run), replicates=1, seed=0).overall.value
+        del run
+        t.add_column(literal(f"τ_sim(K) {name} (α_1 {float(values[name].alpha[0]):.3f})"), justify="right")
+    for k in range(m["k"]):
+        t.add_row(str(k + 1), *[f"{values[n].tau_sim[k]:.3f}" for n in names])
+    out.print(t)
+    if m.get("target_ran") is False:
+        say(out, "model-free replay: no target ran (no p_accept, no on-policy rate, no recording-sampler check)")
+    say(out, f"run directory: {run_dir}   next: mtp-observe report {run_dir}")
