@@ -99,11 +99,11 @@ def replay(
     progress_every: Annotated[float, typer.Option("--progress-every", metavar="SECONDS", help="Without a terminal (a CI log): print the progress line to stderr every SECONDS (0: never).")] = 30.0,
 ) -> None:
     """Replay sessions through the target with the MTP head (and other drafters) alongside; write the run directory."""
+    from ..drafters.roster import NEEDS_MTP, parse_drafters
+    from ..drafters.suffix import SuffixConfig
     from ..manifest import default_run_dir
     from ..pipeline import ReplayOptions, replay as run_replay
     from ..progress import ProgressDisplay
-    from ..drafters.roster import NEEDS_MTP, parse_drafters
-    from ..drafters.suffix import SuffixConfig
 
     _check_on_error(on_error)
     if progress_every < 0:
