@@ -119,25 +119,23 @@ def _check_on_error(on_error: str) -> None:
 REPORT_FORMATS = ("table", "markdown", "json")
 
 
-def check_writable(path: Optional[Path], option: str, suffixes: tuple[str, ...] = ()) -> None:
-    """Refuse before the work, not after it, an output file of the wrong kind or in a directory that does not
-    exist or cannot be written (access(2) says so for a read-only mount or an immutable directory, root too)."""
-    if path is None:
-        return
-    if suffixes and path.suffix.lower() not in suffixes:
-        raise OptionError(f"{option} {path}: expected a {' or '.join(suffixes)} file name (this option writes "
-                          f"{suffixes[0].lstrip('.').upper()})")
-    parent = path.resolve().parent
-    if not parent.is_dir():
-        raise OptionError(f"{option} {path}: the directory {path.parent} does not exist; create it or choose another path")
-    if not os.access(parent, os.W_OK):
-        raise OptionError(f"{option} {path}: cannot write in {path.parent} (not writable); choose another path")
+def check_writable(path: Optional[Path], option: str, suffixes: tuple[str, ...] = (), inputs=(), kept=()) -> None:
+    """Refuse before the work, not after it, an output file that would destroy a run or one of the command's
+    inputs (`inputs`: its files and the directories it reads whole; `kept`: the checkpoint, whose files it reads),
+    a directory, a file of the wrong kind, or one in a directory that does not exist or cannot be written
+    (outputs.check_output; access(2) says so for a read-only mount or an immutable directory, root too)."""
+    from ..outputs import check_output
+
+    check_output(path, option, inputs=inputs, kept=kept, suffixes=suffixes)
 
 
 def write_output(path: Path, option: str, write) -> None:
-    """write(path), with an OS failure (a full disk, a read-only directory) as one line naming the option."""
+    """write(a temporary) renamed over path (outputs.write_atomic), with an OS failure (a full disk, a read-only
+    directory) as one line naming the option; what was at path stays."""
+    from ..outputs import write_atomic
+
     try:
-        write(path)
+        write_atomic(path, write)
     except OSError as e:
         raise OptionError(f"{option} {path}: cannot write ({e.strerror or e}); choose another path") from None
     say(err, f"wrote {path}")

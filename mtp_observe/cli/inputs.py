@@ -196,8 +196,8 @@ def generate(
     if progress_every < 0:
         raise OptionError(f"--progress-every {progress_every:g}: expected seconds >= 0 (0: no progress lines)")
     overrides = _template_overrides(chat_template, template_kwargs)
-    check_writable(output, "--output")
     model_dir = _model_dir(model)
+    check_writable(output, "--output", inputs=[*files, chat_template], kept=[model_dir])
     opts = GenerateOptions(sampling=sampling, max_new_tokens=max_new_tokens, seed=seed, speculative=speculative,
                            batch_size=batch_size, chunk_size=chunk_size, device=device, dtype=dtype, on_error=on_error,
                            resume=resume, template=overrides)
@@ -244,9 +244,7 @@ def import_(
     if fmt != "auto" and fmt not in FORMATS:
         raise OptionError(f"FORMAT {fmt}: expected one of {', '.join(FORMATS)} or auto")
     _check_on_error(on_error)
-    check_writable(output, "--output")
-    if any(str(f) != "-" and output.resolve() == f.resolve() for f in files):
-        raise OptionError(f"--output {output} is one of the input files; write the sessions elsewhere")
+    check_writable(output, "--output", inputs=[*files, tools, system_template])
     for option, value in (("tools", tools), ("system_template", system_template)):
         readers = OPTIONS_READ[option]
         if value is not None and fmt != "auto" and fmt not in readers:

@@ -102,14 +102,14 @@ def probe(
 ) -> None:
     """Measured cost of one draft step, one target decode step and one verify of K+1 tokens, per batch size."""
     from ..cost import parse_batches
+    from ..hub import resolve_model
     from ..probe import CPU_NOTE, probe as measure, probe_json
     from ..tables import write_json_atomic
 
     sizes = parse_batches(batch, "--batch")
-    check_writable(output, "--output")
-    from ..hub import resolve_model
-
-    result = measure(resolve_model(model, "MODEL"), context=context, k=k, device=device, dtype=dtype, repeats=repeats, batch=sizes)
+    model_dir = resolve_model(model, "MODEL")
+    check_writable(output, "--output", kept=[model_dir])
+    result = measure(model_dir, context=context, k=k, device=device, dtype=dtype, repeats=repeats, batch=sizes)
     data = probe_json(result)
     write_json_atomic(output, data, hint="free space or choose another --output")
     ms = 1e3

@@ -63,8 +63,8 @@ def report(
         raise OptionError(f"--format {fmt}: expected one of {', '.join(REPORT_FORMATS)}")
     if html is not None and heatmap is None:
         raise OptionError("--html FILE draws the --heatmap session: add --heatmap SESSION_ID")
-    check_writable(plot, "--plot", (".png",))
-    check_writable(html, "--html", (".html", ".htm"))
+    check_writable(plot, "--plot", (".png",), inputs=[probe])
+    check_writable(html, "--html", (".html", ".htm"), inputs=[probe])
     if heatmap is not None and html is None and fmt != "table":
         raise OptionError(f"--heatmap prints to the terminal, which --format {fmt} keeps for the report: add --html FILE")
     loaded, view = None, None
@@ -128,7 +128,7 @@ def export(
 
     if engine not in ENGINES:
         raise OptionError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
-    check_writable(output, "--output")
+    check_writable(output, "--output", inputs=[probe])
     reading = read_and_summarize(run, drafter=drafter, probe=probe, draft_cost=draft_cost, replicates=replicates,
                                  seed=seed)
     if drafter is None and len(reading.report.ranking) > 1:
