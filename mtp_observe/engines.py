@@ -8,6 +8,7 @@ Contract:
     export(reading, engine, k) -> str            a file's text for `engine` (ENGINES)
     read_engine_metrics(text, where) -> EngineMeasurement
                                                  vLLM Prometheus text, vLLM per-request JSON, SGLang log lines
+                                                 (counters.py: read, and checked to be counts)
     check(report, measured, k) -> EngineCheck    the engine's numbers against the run's intervals (exit 0 / 1)
 
 Why the engine-counted numbers, not the all-anchor ones. An engine counts the steps its decoder makes: after a
@@ -72,11 +73,19 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from .counters import (  # noqa: F401 (read_engine_metrics and the readers are this module's contract too)
+    VLLM_COUNTERS,
+    EngineMeasurement,
+    check_acceptance_length,
+    read_engine_metrics,
+    read_per_request,
+    read_prometheus,
+    read_sglang_log,
+)
 from .errors import EngineMetricsError, OptionError
 from .report import Reading, Report, Run, simulated_walks
 
@@ -487,188 +496,7 @@ def export(reading: Reading, engine: str, k: int | None = None) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# 4. Reading what the engine measured
-
-
-@dataclass(frozen=True)
-class EngineMeasurement:
-    """What an engine counted on the traffic. per_position is None where the source has no per-position counts."""
-
-    source: str  # "vllm-prometheus" | "vllm-per-request" | "sglang-log"
-    k: int | None  # the draft length the engine ran (None: the source does not say)
-    steps: float | None  # verify steps (num_drafts)
-    per_position: np.ndarray | None  # [K] per_pos / num_drafts
-    mean_acceptance_length: float
-    detail: str  # for people: what was summed
-
-
-VLLM_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-                 "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos")
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+-?\d+)?\s*$")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-_SGLANG_ACCEPT = re.compile(r"accept len: ([0-9]+(?:\.[0-9]+)?)")
-
-
-def _labels(text: str | None, where: str, number: int) -> dict[str, str]:
-    if not text:
-        return {}
-    out, pos = {}, 0
-    while pos < len(text):
-        m = _LABEL.match(text, pos)
-        if m is None:
-            raise EngineMetricsError(f"{where}:{number}: cannot read the labels {{{text}}} (Prometheus text format: "
-                                     'name{label="value",...} number)')
-        out[m.group(1)] = m.group(2)
-        pos = m.end()
-    return out
-
-
-def read_prometheus(text: str, where: str) -> EngineMeasurement:
-    """vLLM's /metrics text: the four spec-decode counters, with or without `_total`, summed over `engine`."""
-    sums: dict[tuple[str, bool], float] = {}  # (counter, with _total) -> sum
-    per_pos: dict[bool, dict[int, float]] = {True: {}, False: {}}
-    models = set()
-    for number, line in enumerate(text.splitlines(), start=1):
-        line = line.strip()
-        if not line or line.startswith("#") or not line.startswith("vllm:spec_decode_"):
-            continue
-        m = _SAMPLE.match(line)
-        if m is None:
-            raise EngineMetricsError(f"{where}:{number}: not a Prometheus sample line: {line[:80]}")
-        name = m.group("name")
-        if name.endswith("_created"):
-            continue
-        total = name.endswith("_total")
-        base = name[: -len("_total")] if total else name
-        if base not in VLLM_COUNTERS:
-            continue
-        try:
-            value = float(m.group("value"))
-        except ValueError:
-            raise EngineMetricsError(f"{where}:{number}: {name} has the value {m.group('value')!r}, not a number") from None
-        labels = _labels(m.group("labels"), where, number)
-        if "model_name" in labels:
-            models.add(labels["model_name"])
-        if base == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            if "position" not in labels or not labels["position"].isdigit():
-                raise EngineMetricsError(f"{where}:{number}: {name} without a numeric position label")
-            p = int(labels["position"])
-            per_pos[total][p] = per_pos[total].get(p, 0.0) + value
-        else:
-            sums[(base, total)] = sums.get((base, total), 0.0) + value
-    if len(models) > 1:
-        raise EngineMetricsError(f"{where}: spec-decode counters of {len(models)} models ({', '.join(sorted(models))}); "
-                                 "keep the lines of the model the run replayed")
-    use_total = any(t for (_, t) in sums) or bool(per_pos[True])
-    got = {base: v for (base, t), v in sums.items() if t == use_total}
-    missing = [c for c in VLLM_COUNTERS[:3] if c not in got]
-    if missing or not per_pos[use_total]:
-        absent = missing + ([] if per_pos[use_total] else [VLLM_COUNTERS[3]])
-        raise EngineMetricsError(f"{where}: no {', '.join(absent)} sample; expected vLLM's /metrics text with "
-                                 "speculative decoding on")
-    drafts, draft_tokens, accepted = (got[c] for c in VLLM_COUNTERS[:3])
-    positions = per_pos[use_total]
-    k = max(positions) + 1
-    if sorted(positions) != list(range(k)):
-        raise EngineMetricsError(f"{where}: per-position counters for positions {sorted(positions)}; expected 0..{k - 1}")
-    if drafts <= 0:
-        raise EngineMetricsError(f"{where}: vllm:spec_decode_num_drafts is {drafts:g}: the engine made no speculative "
-                                 "step yet; send the traffic first")
-    if abs(draft_tokens - k * drafts) > 0.5:
-        raise EngineMetricsError(f"{where}: {draft_tokens:g} draft tokens in {drafts:g} drafts is not {k} per draft "
-                                 "(dynamic speculative decoding or shortened drafts); compare a static K")
-    rates = np.array([positions[p] / drafts for p in range(k)])
-    return EngineMeasurement(source="vllm-prometheus", k=k, steps=drafts, per_position=rates,
-                             mean_acceptance_length=1.0 + accepted / drafts,
-                             detail=f"vLLM counters{' (_total)' if use_total else ''}: {drafts:g} drafts, "
-                                    f"{accepted:g} accepted tokens")
-
-
-def _documents(text: str):
-    """A JSON value, or JSON lines."""
-    try:
-        data = json.loads(text)
-        return data if isinstance(data, list) else [data]
-    except json.JSONDecodeError:
-        pass
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("data:"):
-            line = line[len("data:"):].strip()
-        if not line or line == "[DONE]":
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            return None
-    return out
-
-
-def read_per_request(docs: list, where: str) -> EngineMeasurement:
-    """vLLM's per-request `metrics.speculative_decoding` objects (responses, a list of them, or JSON lines), summed."""
-    hist = None
-    k = None
-    requests = 0
-    for i, doc in enumerate(docs):
-        sd = ((doc.get("metrics") or {}) if isinstance(doc, dict) else {}).get("speculative_decoding")
-        if sd is None:
-            continue
-        try:
-            h = [int(x) for x in sd["acceptance_histogram"]]
-            n_spec = int(sd["num_spec_tokens"])
-        except (KeyError, TypeError, ValueError):
-            raise EngineMetricsError(f"{where}: response {i + 1}: metrics.speculative_decoding lacks a numeric "
-                                     "acceptance_histogram or num_spec_tokens") from None
-        if k is None:
-            k, hist = n_spec, np.zeros(n_spec + 1, dtype=np.int64)
-        if n_spec != k or len(h) != k + 1:
-            raise EngineMetricsError(f"{where}: response {i + 1}: num_spec_tokens {n_spec} (histogram of {len(h)}) where "
-                                     f"earlier responses had {k}; compare one static K")
-        hist += np.array(h, dtype=np.int64)
-        requests += 1
-    if requests == 0:
-        raise EngineMetricsError(f"{where}: no metrics.speculative_decoding in any response; start vLLM with "
-                                 "--per-request-spec-decode-metrics summary")
-    steps = int(hist.sum())
-    if steps == 0:
-        raise EngineMetricsError(f"{where}: the {requests} responses made no speculative step")
-    reaching = np.cumsum(hist[::-1])[::-1]  # [K+1] steps accepting at least j drafts
-    rates = reaching[1:] / steps
-    accepted = float((np.arange(k + 1) * hist).sum())
-    return EngineMeasurement(source="vllm-per-request", k=k, steps=float(steps), per_position=rates,
-                             mean_acceptance_length=1.0 + accepted / steps,
-                             detail=f"{requests} vLLM responses' acceptance histograms: {steps} steps")
-
-
-def _sglang_values(text: str) -> list[float]:
-    return [float(m.group(1)) for line in text.splitlines() if "Decode batch" in line
-            for m in [_SGLANG_ACCEPT.search(line)] if m]
-
-
-def read_sglang_log(text: str, where: str) -> EngineMeasurement:
-    """SGLang's decode log lines: `accept len` is (accepted drafts + 1) per request-step over one log interval;
-    the intervals are averaged with equal weight (the line carries no step count)."""
-    values = _sglang_values(text)
-    if not values:
-        raise EngineMetricsError(f"{where}: no 'Decode batch ... accept len: X' line; start SGLang with speculative "
-                                 "decoding on and keep its log")
-    return EngineMeasurement(source="sglang-log", k=None, steps=None, per_position=None,
-                             mean_acceptance_length=float(np.mean(values)),
-                             detail=f"mean of {len(values)} SGLang 'accept len' log lines (each one log interval's)")
-
-
-def read_engine_metrics(text: str, where: str) -> EngineMeasurement:
-    """The format is told by its content: vLLM counters, JSON responses, or SGLang decode log lines."""
-    if "vllm:spec_decode_" in text:
-        return read_prometheus(text, where)
-    if _sglang_values(text):
-        return read_sglang_log(text, where)
-    docs = _documents(text)
-    if docs:
-        return read_per_request(docs, where)
-    raise EngineMetricsError(f"{where}: neither vLLM /metrics text (vllm:spec_decode_*), vLLM responses with "
-                             "metrics.speculative_decoding, nor SGLang log lines with 'accept len:'")
+# 4. Reading what the engine measured: counters.py (read_engine_metrics, EngineMeasurement)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -729,6 +557,7 @@ def check(report: Report, measured: EngineMeasurement, k: int | None = None) -> 
         raise OptionError(f"compare --drafter {report.drafter}: an engine counts only the steps where a model-free "
                           "drafter proposed tokens, which the run does not count per step; compare checks an MTP run")
     n = engine_numbers(report, k)
+    check_acceptance_length(measured, n.k)
     if n.per_position_lo is None or n.mean_acceptance_length_lo is None:
         note = report.resampling.note if report.resampling is not None else None
         raise OptionError(f"{report.path}: the run has no bootstrap interval ({note or 'too few sessions'}); compare "
