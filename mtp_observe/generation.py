@@ -435,6 +435,7 @@ class GenerateOptions:
     dtype: str = "auto"
     on_error: str = "fail"
     resume: bool = False
+    overwrite: bool = False  # replace a finished output (atomically, once the new one is whole)
     template: object = None  # rendering.TemplateOverrides
 
 
@@ -503,6 +504,23 @@ def check_options(opts: GenerateOptions) -> None:
         raise OptionError(f"--on-error {opts.on_error}: expected fail or skip")
 
 
+def check_output_file(output: Path, opts: GenerateOptions) -> None:
+    """Before any work: the output is a file name; an interrupted run's partial file needs --resume; a finished
+    output needs --resume (add sessions to it) or --overwrite (replace it), as replay's --out does."""
+    output = Path(output)
+    partial = output.with_name(output.name + ".partial")
+    if opts.resume and opts.overwrite:
+        raise OptionError("--resume and --overwrite contradict each other; pass one")
+    if output.is_dir():
+        raise OptionError(f"-o {output}: is a directory; give the JSONL file to write (e.g. {output / 'own.jsonl'})")
+    if partial.exists() and not opts.resume:
+        raise OptionError(f"{partial}: an interrupted generate's output; continue it with --resume (the same inputs and "
+                          "options), or delete it to start over")
+    if output.exists() and not (opts.resume or opts.overwrite):
+        raise OptionError(f"-o {output}: already exists; pass --resume to add sessions to it, --overwrite to replace it, "
+                          "or another -o")
+
+
 def identity_of(model, profile: SamplingProfile, opts: GenerateOptions, device: str, dtype) -> dict:
     """What every record's meta.generated says about how it was made; a resumed output must share it."""
     from . import __version__
@@ -555,11 +573,15 @@ class Output:
                                   "inputs and options), or delete it to start over")
             source = self.partial if not self.created else output if resume and output.exists() else None
             kept = self._read(source, identity, sampling) if source is not None else b""
-            if source == self.partial:
-                self.file.truncate(len(kept))  # a last line cut short by a kill is dropped (its session is generated again)
-            else:
-                self.file.write(kept)
-            self._sync()
+            try:
+                if source == self.partial:
+                    self.file.truncate(len(kept))  # a last line cut short by a kill is dropped (generated again)
+                else:
+                    self.file.write(kept)
+                self._sync()
+            except OSError as e:
+                raise OptionError(f"{self.partial}: cannot write ({e.strerror or e}); free space (or choose another -o), "
+                                  "then run it again") from None
         except BaseException:
             self.close(failed=True)
             raise
@@ -604,7 +626,8 @@ class Output:
             self._sync()
             self.written += 1
         except OSError as e:
-            raise OptionError(f"{self.partial}: cannot write ({e.strerror}); free space, then continue with --resume") from None
+            raise OptionError(f"{self.partial}: cannot write ({e.strerror or e}); the sessions written before are kept: "
+                              "free space, then continue with the same command and --resume") from None
 
     def _sync(self) -> None:
         self.file.flush()
@@ -612,18 +635,24 @@ class Output:
 
     def finish(self) -> None:
         """The whole output appears at once, under its name."""
-        self.file.close()
         try:
+            self.file.close()
             os.replace(self.partial, self.output)
         except OSError as e:
-            raise OptionError(f"-o {self.output}: cannot rename {self.partial} to it ({e.strerror}); the sessions are "
-                              f"all in {self.partial}") from None
+            raise OptionError(f"-o {self.output}: cannot finish it from {self.partial} ({e.strerror or e}); the sessions "
+                              "written are kept there: free space, then continue with --resume") from None
 
     def close(self, failed: bool = False) -> None:
         """Let go of the file; a run that failed before writing a record removes the partial file it made (so that
-        fixing the input and running again needs no --resume; what an earlier run wrote stays, for --resume)."""
+        fixing the input and running again needs no --resume; what an earlier run wrote stays, for --resume). A
+        close that fails (the buffer's last bytes meet the full disk again) loses only a line cut short, which
+        --resume drops; the failure that stopped the run is what the user sees."""
         if not self.file.closed:
-            self.file.close()
+            try:
+                self.file.close()
+            except OSError:
+                if not failed:
+                    raise
         if failed and self.created and self.written == 0:
             self.partial.unlink(missing_ok=True)
 
@@ -668,6 +697,7 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
     check_inputs(files)
     if any(output.resolve() == Path(f).resolve() for f in files):
         raise OptionError(f"-o {output} is one of the input files; write the completions elsewhere")
+    check_output_file(output, opts)
     device = resolve_device(opts.device)
     dtype = resolve_dtype(opts.dtype, device)
     model = load_model(model_dir, device=device, dtype=dtype)

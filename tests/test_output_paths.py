@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +15,6 @@ import pytest
 from .fuzzing import run_cli
 from .handmade import random_sessions, write_run
 from .test_replay import SESSION
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -108,24 +104,24 @@ def test_a_directory_as_the_output_is_refused_before_any_work(run_dir, tiny_chec
     assert sorted(p.name for p in tmp_path.iterdir()) == ["here.html", "s.jsonl"]  # no .partial, no temporary
 
 
-def _limited(argv: list[str], limit: int) -> subprocess.CompletedProcess:
-    """The CLI with files limited to `limit` bytes (RLIMIT_FSIZE; Python ignores SIGXFSZ, so a write past it fails
-    with EFBIG, as on a full disk)."""
-    def limit_files():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    environment = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.run([sys.executable, "-m", "mtp_observe", *argv], capture_output=True, text=True,
-                          env=environment, preexec_fn=limit_files, timeout=300)
+def _limited(argv: list[str], limit: int) -> tuple[int, str, str]:
+    """The CLI in this process with files limited to `limit` bytes (RLIMIT_FSIZE's soft limit, restored after; Python
+    ignores SIGXFSZ, so a write past the limit fails with EFBIG, as on a full disk)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        return run_cli(argv)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
 def test_a_write_that_fails_leaves_the_previous_file_whole_and_no_temporary(run_dir, tmp_path):
     out = tmp_path / "vllm.json"
     previous = "the export of yesterday\n" * 4
     out.write_text(previous)
-    failed = _limited(["export", str(run_dir), "--replicates", "20", "-o", str(out)], limit=64)
-    assert failed.returncode == 2, failed.stderr
-    assert failed.stderr.strip().splitlines() == [f"error: --output {out}: cannot write (File too large); choose another path"]
+    code, _, err = _limited(["export", str(run_dir), "--replicates", "20", "-o", str(out)], limit=64)
+    assert code == 2, err
+    assert err.strip().splitlines() == [f"error: --output {out}: cannot write (File too large); choose another path"]
     assert out.read_text() == previous and sorted(p.name for p in tmp_path.iterdir()) == ["vllm.json"]
     link = tmp_path / "link.json"
     link.symlink_to(out)

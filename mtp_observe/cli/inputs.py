@@ -182,6 +182,7 @@ def generate(
     device: Annotated[str, typer.Option("--device", metavar=DEVICE_METAVAR, help="Where the target runs (auto: cuda if available).")] = "auto",
     dtype: Annotated[Dtype, typer.Option("--dtype", help="auto: bfloat16 on CUDA, float32 on CPU.")] = "auto",
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted output (or add sessions to a finished one) without regenerating its sessions.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a finished output (it stays as it was until the new one is whole).")] = False,
     on_error: Annotated[OnError, typer.Option("--on-error", help="fail: a bad session stops the run; skip: it is reported and left out.")] = "fail",
     chat_template: ChatTemplateOption = None,
     template_kwargs: TemplateKwargsOption = None,
@@ -200,7 +201,7 @@ def generate(
     check_writable(output, "--output", inputs=[*files, chat_template], kept=[model_dir])
     opts = GenerateOptions(sampling=sampling, max_new_tokens=max_new_tokens, seed=seed, speculative=speculative,
                            batch_size=batch_size, chunk_size=chunk_size, device=device, dtype=dtype, on_error=on_error,
-                           resume=resume, template=overrides)
+                           resume=resume, overwrite=overwrite, template=overrides)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("turns"),
                       TextColumn("{task.fields[tokens]}", markup=False), TextColumn("{task.fields[rate]}", markup=False),
