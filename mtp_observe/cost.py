@@ -286,7 +286,7 @@ def parse_device(spec: str) -> Device:
     if key in DEVICES:
         return DEVICES[key]
     m = _CUSTOM.fullmatch(spec)
-    if m is None or float(m.group(1)) <= 0 or float(m.group(2)) <= 0:
+    if m is None or not all(0 < float(x) < math.inf for x in m.groups()):
         raise OptionError(f"--device-spec {spec!r}: expected one of {', '.join(DEVICES)} or BW_GBps,TFLOPS "
                           "(e.g. 4800,989 for 4.8 TB/s and 989 dense TFLOP/s)")
     bw, tflops = float(m.group(1)), float(m.group(2))

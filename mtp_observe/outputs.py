@@ -9,6 +9,9 @@ Contract:
            an input directory the command reads whole (sessions, logs: run again, it would read its own output);
            or a file that exists in a `kept` directory (the checkpoint: config.json, weights, tokenizer files);
         3. is a directory, has the wrong suffix, or lies in a directory that does not exist or cannot be written.
+    non_finite_key(data) -> str | None
+        where a JSON value to be written holds NaN or an infinity (which JSON cannot hold): run.json, the engines'
+        configs and template variables are refused naming it, never written as a bare NaN
     write_atomic(path, write)
         write(temporary) beside the file, then a rename over it: a failure (a full disk, a size limit, EIO) leaves
         what was there and no temporary; the OSError is the caller's to word.
@@ -19,6 +22,7 @@ and the write lands where the link points (the link stays).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -108,6 +112,18 @@ def check_output(path: Optional[Path], option: str, inputs: Iterable = (), kept:
         raise OptionError(f"{option} {path}: the directory {path.parent} does not exist; create it or choose another path")
     if not os.access(real.parent, os.W_OK):
         raise OptionError(f"{option} {path}: cannot write in {path.parent} (not writable); choose another path")
+
+
+def non_finite_key(data, where: str = "") -> str | None:
+    """The first key (dotted, [i] for list items) whose value is a float NaN or infinity, else None."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return where or "the value"
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, (list, tuple)) else ()
+    for key, value in items:
+        found = non_finite_key(value, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def temporary_beside(path: Path) -> Path:

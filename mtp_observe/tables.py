@@ -275,10 +275,19 @@ def write_part(table: pa.Table, directory: Path, name: str, temporary: Path | No
 
 
 def write_json_atomic(path: Path, data: dict, hint: str = RESUME_HINT) -> None:
-    """Write JSON atomically (temporary, rename): a failure leaves the previous file as it was."""
+    """Write JSON atomically (temporary, rename): a failure leaves the previous file as it was. Always valid JSON
+    (allow_nan=False): a NaN or an infinity that reached it is refused naming its key."""
+    from .outputs import non_finite_key
+
+    try:
+        text = json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n"
+    except ValueError:
+        key = non_finite_key(data)
+        raise RunDirectoryError(f"{path}: {key} is {_at(data, key)}, which JSON cannot hold; give a finite number where it "
+                                "comes from (an option, or the checkpoint's config.json)") from None
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+        tmp.write_text(text)
         os.replace(tmp, path)
     except OSError as e:
         _unlink_quietly(tmp)
@@ -287,6 +296,16 @@ def write_json_atomic(path: Path, data: dict, hint: str = RESUME_HINT) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Building one session's parts
+
+
+def _at(data, key: str | None):
+    """The value at a non_finite_key path (for the message)."""
+    if key is None:
+        return "not a JSON value"
+    value = data
+    for part in re.findall(r"[^.\[\]]+|\[\d+\]", key):
+        value = value[int(part[1:-1])] if part.startswith("[") else value[part]
+    return value
 
 
 def requests_table(session_id: str, requests, fits: list[dict] | None = None, profiles: list[str] | None = None,
@@ -383,6 +402,15 @@ def is_manifest(data) -> bool:
             and not isinstance(version, bool))
 
 
+class _NotJsonConstant(ValueError):
+    pass
+
+
+def _no_constant(name: str):
+    """json's parse_constant: NaN, Infinity and -Infinity are not JSON; a run.json holding one is refused."""
+    raise _NotJsonConstant(name)
+
+
 def read_manifest(path: Path) -> dict:
     """run.json, checked far enough to trust schema_version, k and sampling."""
     path = Path(path)
@@ -393,7 +421,10 @@ def read_manifest(path: Path) -> dict:
     if not manifest_path.is_file():
         raise _run_error(manifest_path, "missing; this is not a run directory written by `mtp-observe replay`")
     try:
-        manifest = json.loads(manifest_path.read_text())
+        manifest = json.loads(manifest_path.read_text(), parse_constant=_no_constant)
+    except _NotJsonConstant as e:
+        raise _run_error(manifest_path, f"holds {e}, which is not JSON (a NaN or infinite option value, before "
+                                        "mtp-observe refused them, was written there); replay with finite option values") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise _run_error(manifest_path, f"cannot be read as JSON ({_one_line(e)}); the run directory is damaged") from None
     if not isinstance(manifest, dict):

@@ -141,6 +141,35 @@ def write_output(path: Path, option: str, write) -> None:
     say(err, f"wrote {path}")
 
 
+def finite_floats(command):
+    """The command, refusing a float option that is NaN or infinite (`--suffix-max-spec-factor nan` would reach
+    run.json and the engines' configs as a bare NaN, which is not JSON): one line, exit 2, before the command runs.
+    click parses "nan", "inf" and "1e400" as floats; no option of this tool means any of them."""
+    import functools
+    import math
+    import typing
+
+    hints = typing.get_type_hints(command, include_extras=True)
+    flags = {}
+    for name, hint in hints.items():
+        base, *extras = typing.get_args(hint) if typing.get_origin(hint) is Annotated else (hint,)
+        if float not in (base, *typing.get_args(base)):
+            continue
+        declared = [d for x in extras if hasattr(x, "param_decls")  # Annotated: typer keeps the first flag as `default`
+                    for d in ([x.default] if isinstance(x.default, str) else []) + list(x.param_decls or ())]
+        flags[name] = next((d for d in declared if d.startswith("--")), "--" + name.replace("_", "-"))
+
+    @functools.wraps(command)
+    def checked(*args, **kwargs):
+        for name, flag in flags.items():
+            value = kwargs.get(name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise OptionError(f"{flag} {value}: expected a finite number")
+        return command(*args, **kwargs)
+
+    return checked
+
+
 def _quiet_libraries() -> None:
     """Library logging and warnings off (stderr holds our lines only): transformers reads its verbosity from
     the environment when first imported; Python warnings (torch's UserWarnings) are ignored."""

@@ -68,6 +68,8 @@ def parse_gate(text: str) -> Gate:
     if m is None or m.group(1) not in GATE_METRICS:
         raise OptionError(f"--gate {text!r}: expected METRIC>=NUMBER with METRIC one of "
                           f"{', '.join(GATE_METRICS)} (e.g. --gate 'speedup>=1.2')")
+    if not math.isfinite(float(m.group(2))):
+        raise OptionError(f"--gate {text!r}: the threshold {m.group(2)} is not a finite number (e.g. --gate 'speedup>=1.2')")
     return Gate(metric=m.group(1), threshold=float(m.group(2)), text=f"{m.group(1)}>={m.group(2)}")
 
 
