@@ -244,11 +244,62 @@ class Source:
                 raise self.error(f"line {n}: {e.what}{hint}")
 
 
+# YAML aliases let a 1 KB file name a billion values (each alias is its anchor's whole value again): the document
+# may hold at most YAML_EXPANSION times the values it writes out, plus YAML_SLACK (a dumper aliases a dict that two
+# interactions share; a bomb multiplies).
+YAML_EXPANSION = 10
+YAML_SLACK = 10_000
+
+
+def _yaml_children(node) -> list:
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def _check_expansion(root, source: Source) -> None:
+    """Refuse a composed document whose aliases expand it past the bound, before anything is built from it. Counted
+    over the node graph (each node once, iteratively); a node that contains itself counts once here (the value
+    built from it is refused later: it contains itself)."""
+    seen, stack = set(), [root]
+    while stack:  # the nodes as written
+        node = stack.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(_yaml_children(node))
+    limit = YAML_EXPANSION * len(seen) + YAML_SLACK
+    size: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack = [(root, False)]
+    while stack:  # the nodes as the document means them: an alias is its anchor's whole subtree again
+        node, closing = stack.pop()
+        key = id(node)
+        if closing:
+            open_nodes.discard(key)
+            size[key] = 1 + sum(size.get(id(child), 1) for child in _yaml_children(node))
+            if size[key] > limit:
+                raise source.error(f"YAML aliases expand it to more than {limit:,} values from {len(seen):,} written "
+                                   "(an alias bomb?); write the file without aliases")
+        elif key not in size and key not in open_nodes:
+            open_nodes.add(key)
+            stack.append((node, True))
+            stack.extend((child, False) for child in _yaml_children(node))
+
+
 def _load_yaml(text: str, source: Source):
     import yaml
 
     try:
-        value = yaml.safe_load(text)
+        loader = yaml.SafeLoader(text)  # yaml.safe_load, with the expansion checked between composing and building
+        try:
+            node = loader.get_single_node()
+            if node is not None:
+                _check_expansion(node, source)
+            value = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         at = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
