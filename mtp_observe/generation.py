@@ -780,9 +780,10 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
                              "fix the inputs, or pass others")
         out.finish()
     except NonFiniteLogits as e:
+        from .pipeline import non_finite_advice
+
         out.close(failed=True)
-        raise CheckpointError(f"{model.info.path}: {e}; the weights hold NaN/inf or overflow in "
-                              f"{str(dtype).removeprefix('torch.')}: check the checkpoint, or try --dtype float32") from None
+        raise CheckpointError(f"{model.info.path}: {e}; {non_finite_advice(dtype)}") from None
     except BaseException:
         out.close(failed=True)
         raise

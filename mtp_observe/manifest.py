@@ -165,6 +165,10 @@ def start_manifest(out: Path, opts, info, identity: dict, bundled: bool, world: 
         if different is not None:
             raise RunDirectoryError(f"{out}: cannot resume, {different}; rerun with the same checkpoint, inputs and "
                                     "options, or --overwrite")
+        if resumed.get("status") == "complete":
+            sessions = (resumed.get("counts") or {}).get("sessions_ok", 0)
+            raise tables.RunComplete(f"{out}: this run is already complete ({sessions:,} session"
+                                     f"{'' if sessions == 1 else 's'} of these inputs); nothing to resume")
         tables.remove_temporaries(out)
     from .target import generation_config_profile
 

@@ -323,6 +323,15 @@ def model_free_request(request, k_max: int, drafters, keep: int | None = None) -
     return columns, fit
 
 
+def non_finite_advice(dtype) -> str:
+    """What a NaN or inf output means and what to do: in bfloat16 (or float16) it may be an overflow, which float32
+    avoids; in float32 it is the weights (--dtype float32 would change nothing, so it is not advised)."""
+    name = str(dtype).removeprefix("torch.")
+    if name == "float32":
+        return "the weights hold NaN/inf (the run is already float32, where these weights do not overflow): check the checkpoint"
+    return f"the weights hold NaN/inf or overflow in {name}: check the checkpoint, or try --dtype float32"
+
+
 class NonFiniteOutput(ValueError):
     """The target's or the head's outputs hold NaN or inf (the pipeline adds the session and model)."""
 
@@ -530,6 +539,9 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
                 lock.release()
             failure = e
     shared = ranks.from_rank0(portable(failure) if failure is not None and ranks.world > 1 else failure)
+    if isinstance(shared, tables.RunComplete):  # --resume of a run that is complete: nothing to do (a nightly job)
+        observer.note(str(shared))
+        return out
     if failure is not None:
         raise failure  # rank 0: the error itself
     if shared is not None:
@@ -693,9 +705,8 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
                                              drafters=roster if with_drafters else None, recorder=recorder,
                                              observer=observer)
             except NonFiniteOutput as e:
-                raise CheckpointError(f"{model.info.path}: {e} in session {item.id} ({item.path}:{item.line}); the "
-                                      f"weights hold NaN/inf or overflow in {str(model.dtype).removeprefix('torch.')}: "
-                                      "check the checkpoint, or try --dtype float32") from None
+                raise CheckpointError(f"{model.info.path}: {e} in session {item.id} ({item.path}:{item.line}); "
+                                      f"{non_finite_advice(model.dtype)}") from None
             positions = tables.positions_table(item.id, [(r.index, r.columns) for r in per_request], names,
                                                drafters=list(roster.names) if with_drafters else None,
                                                target=model is not None)

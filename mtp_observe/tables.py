@@ -555,7 +555,8 @@ def _holder(fd: int) -> str:
 
 def prepare_run_directory(run_dir: Path, resume: bool, overwrite: bool) -> dict | None:
     """Check what is at run_dir before a replay (with the RunLock held, or on a directory no replay uses).
-    Returns the manifest to resume, or None for a fresh run.
+    Returns the manifest to resume (a complete run's too: the caller checks its identity, then has nothing to
+    do), or None for a fresh run.
 
     An existing directory needs --resume (continue an unfinished run) or --overwrite (start again);
     --overwrite removes only what a run writes (module doc), after checking every entry."""
@@ -573,10 +574,7 @@ def prepare_run_directory(run_dir: Path, resume: bool, overwrite: bool) -> dict 
         raise RunDirectoryError(f"{run_dir}: holds parts of a run but no run.json (deleted?), so it can be neither "
                                 "resumed nor overwritten; move the directory away yourself, or choose another --out")
     if resume:
-        manifest = read_manifest(run_dir)
-        if manifest.get("status") == "complete":
-            raise RunDirectoryError(f"{run_dir}: this run is already complete; use --overwrite to redo it or another --out")
-        return manifest
+        return read_manifest(run_dir)  # a complete one too: the replay checks it is this run and has nothing to do
     if overwrite:
         files, directories = _overwrite_plan(run_dir)
         for f in files:
@@ -585,6 +583,11 @@ def prepare_run_directory(run_dir: Path, resume: bool, overwrite: bool) -> dict 
             os.rmdir(d)
         return None
     raise RunDirectoryError(f"{run_dir}: already exists; pass --resume to continue it, --overwrite to replace it, or another --out")
+
+
+class RunComplete(RunDirectoryError):
+    """`replay --resume` of a run that is already complete (and is this run): nothing to do. pipeline.replay
+    returns the run as it is (exit 0, said); anywhere else it reads as the refusal it was before."""
 
 
 def _refuse(run_dir: Path, path: Path, what: str) -> RunDirectoryError:

@@ -105,3 +105,31 @@ def test_json_output_keeps_the_session_id_exact(evil_run):
     r = run_cli("report", evil_run, "--format", "json")
     assert r.returncode == 0, r.stderr
     assert [s["name"] for s in json.loads(r.stdout)["slices"]["session"]] == [EVIL, "B"]
+
+
+MARKUP_IDS = ["[bold]x[/bold]", "[link=https://example.com]y[/link]", "[/x]"]  # #27 item 6's held-out ids
+
+
+def test_session_ids_with_rich_markup_print_as_the_id_in_the_heatmap_and_in_markdown(tmp_path):
+    """On a terminal (rich's markup parser would eat `[bold]` and raise on a stray `[/x]`) the heatmap's own lines
+    show the id as it is; Markdown escapes what it would format, so that the rendered cell reads as the id."""
+    import re
+
+    from rich.console import Console
+
+    from mtp_observe.heatmap import print_terminal, session_view
+    from mtp_observe.report import load_run
+
+    sessions = hand_run_sessions()
+    run = write_run(tmp_path / "run", {sid: sessions["A"] for sid in MARKUP_IDS}, k=2)
+    loaded = load_run(run)
+    for sid in MARKUP_IDS:
+        console = Console(record=True, width=120, force_terminal=True, color_system="truecolor", highlight=False)
+        print_terminal(session_view(loaded, sid), console)
+        assert console.export_text().splitlines()[0] == f"session {sid} — each token coloured by the accepted length at its anchor"
+        r = run_cli("report", run, "--heatmap", sid, env={"COLUMNS": "200", "PATH": ""})
+        assert r.returncode == 0 and r.stdout.startswith(f"session {sid} — each token coloured"), r.stderr
+    markdown = run_cli("report", run, "--format", "markdown").stdout
+    cells = [line.split(" | ")[0].removeprefix("| ") for line in markdown.splitlines() if line.startswith("| \\[")]
+    unescape = lambda cell: re.sub(r"\\(.)", r"\1", cell)  # CommonMark: a backslash before punctuation is the character
+    assert sorted(map(unescape, cells)) == sorted(MARKUP_IDS * (len(cells) // len(MARKUP_IDS))) and cells, cells

@@ -172,10 +172,17 @@ def finite_floats(command):
 
 def _quiet_libraries() -> None:
     """Library logging and warnings off (stderr holds our lines only): transformers reads its verbosity from
-    the environment when first imported; Python warnings (torch's UserWarnings) are ignored."""
+    the environment when first imported (a TRANSFORMERS_VERBOSITY the user set too: MTP_OBSERVE_DEBUG=1 is the way
+    to see the libraries), and is told again if it is imported already; its kernel-fallback warnings are caught
+    for the replay's summary to say once (kernels.py); Python warnings (torch's UserWarnings) are ignored."""
     import warnings
 
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from ..kernels import capture
+
+    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.set_verbosity_error()
+    capture()
     warnings.simplefilter("ignore")
 
 

@@ -182,15 +182,17 @@ def _print_replay_summary(run_dir: Path) -> None:
            "target's own traffic (mtp-observe report lists the statistics)" if rec.name is None else
            f"recording sampler: {rec.label} does not fit these sessions (mtp-observe report lists the statistics)")
     say(out, f"on-policy rate {float(v.on_policy):.3f}; {fit}")
-    if str(m.get("device", "")).startswith("cuda"):  # transformers' own warning about it is silenced (stderr is ours)
-        import importlib.util
-
-        missing = [p for p, module in (("flash-linear-attention", "fla"), ("causal-conv1d", "causal_conv1d"))
-                   if importlib.util.find_spec(module) is None]
-        if missing:
-            say(out, f"note: the target ran transformers' reference linear-attention kernels (correct, slower); "
-                     f"pip install {' '.join(missing)} for the fast ones")
+    _kernel_note(m)
     say(out, f"run directory: {run_dir}   next: mtp-observe report {run_dir}")
+
+
+def _kernel_note(manifest: dict) -> None:
+    """transformers' kernel-fallback warnings, caught during the replay (kernels.py), said once in its summary."""
+    from ..kernels import fallback_note
+
+    note = fallback_note(str(manifest.get("device", "")))
+    if note is not None:
+        say(out, f"note: {note}")
 
 
 def _print_drafters_summary(run_dir: Path) -> None:
@@ -217,4 +219,6 @@ def _print_drafters_summary(run_dir: Path) -> None:
     out.print(t)
     if m.get("target_ran") is False:
         say(out, "model-free replay: no target ran (no p_accept, no on-policy rate, no recording-sampler check)")
+    else:
+        _kernel_note(m)
     say(out, f"run directory: {run_dir}   next: mtp-observe report {run_dir}")
