@@ -480,5 +480,29 @@ def test_an_output_path_that_cannot_be_written_is_one_line_and_leaves_nothing_be
     src = write_jsonl(tmp_path / "t.jsonl", claude_code_events())
     (tmp_path / "taken").mkdir()
     r = cli("claude-code", src, "-o", tmp_path / "taken")
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"error: {tmp_path / 'taken'}: cannot write (Is a directory); choose another output path"]
+    # refused by the one check every writing command makes, before anything is read (#27 item 1)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"error: --output {tmp_path / 'taken'}: is a directory; give a file name (e.g. {tmp_path / 'taken' / 'out'})"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.jsonl", "taken"]
+
+
+def test_an_import_that_finds_no_session_is_refused_in_one_line_and_writes_nothing(tmp_path):
+    """`import auto` on a directory of files none of which is a log (each skipped), or on a log whose every record is
+    skipped, used to write an empty file with exit 0; the README says such an input is refused (#27 item 7)."""
+    from .fuzzing import run_cli
+
+    directory = tmp_path / "logs"
+    directory.mkdir()
+    (directory / "notes.json").write_text('{"x": 1}')
+    (directory / "other.jsonl").write_text('{"y": 2}\n{"y": 3}\n')
+    bad = tmp_path / "runs-airline.json"
+    bad.write_text(json.dumps([{"task_id": 1, "trial": 0, "traj": "oops"}]))
+    out = tmp_path / "out.jsonl"
+    out.write_text("previous\n")
+    for argv, said in ((["auto", str(directory)], "no session found in 2 files (2 not a log format)"),
+                       (["tau-bench", str(bad), "--on-error", "skip"], "no session found in 1 file (1 record skipped)"),
+                       (["auto", str(bad), "--on-error", "skip"], "no session found in 1 file (1 record skipped)")):
+        code, stdout, err = run_cli(["import", *argv, "-o", str(out)])
+        assert code == 2 and len(err.strip().splitlines()) == 1 and said in err and "nothing was written" in err, err
+        assert out.read_text() == "previous\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs", "out.jsonl", "runs-airline.json"]

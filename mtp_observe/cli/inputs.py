@@ -250,8 +250,13 @@ def import_(
         readers = OPTIONS_READ[option]
         if value is not None and fmt != "auto" and fmt not in readers:
             raise OptionError(f"--{option.replace('_', '-')} applies to {', '.join(readers)}; name that FORMAT instead of {fmt}")
+    warnings: list[str] = []  # said once the import succeeds: a refusal's stderr is its one line
     counts = import_files(fmt, files, output, Options(tools=tools, system_template=system_template), on_error=on_error,
-                          warn=lambda message: say(err, f"skipped: {message}"))
+                          warn=warnings.append)
+    for message in warnings[:20]:
+        say(err, f"skipped: {message}")
+    if len(warnings) > 20:
+        say(err, f"... and {len(warnings) - 20} more skipped")
     for c in counts:
         notes = [c.format] + ([c.note] if c.note else []) + ([f"{len(c.skipped)} skipped"] if c.skipped else [])
         notes += [f"{n} {kind.replace('_', ' ')} dropped" for kind, n in sorted(c.dropped.items())]

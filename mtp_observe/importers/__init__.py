@@ -322,6 +322,7 @@ def _lines(fmt, files, options, on_error, warn, counts: list[FileCount]) -> Iter
                 raise source.error(f"{message}; remove it from the inputs")
             if warn is not None:
                 warn(f"{source.name}: {message} (found in a directory: skipped)")
+    _refuse_nothing_found(counts, files)
     formats = {c.format for c in counts}
     if outputs and not any(c.format == "openai-batch" and not c.note for c in counts):
         raise InputError(f"{Source(outputs[0]).name}: an OpenAI Batch output file without its input file; give the input "
@@ -330,6 +331,24 @@ def _lines(fmt, files, options, on_error, warn, counts: list[FileCount]) -> Iter
         if getattr(options, option) is not None and not formats & set(readers):
             raise OptionError(f"--{option.replace('_', '-')} applies to {', '.join(readers)}; none of the files is in such a format "
                               f"({', '.join(sorted(formats - {'?'})) or 'none read'})")
+
+
+def _refuse_nothing_found(counts: list[FileCount], files) -> None:
+    """An import that found no session anywhere writes nothing and says why (whatever --on-error says): files that
+    are no log (under auto, in a directory), records all skipped, or logs with nothing to convert."""
+    if any(c.sessions for c in counts):
+        return
+    read = [c for c in counts if not c.note.startswith("output")]  # an OpenAI Batch output is read with its input
+    not_logs = sum(c.note == "not a log, skipped" for c in read)
+    skipped = sum(len(c.skipped) for c in read)
+    dropped = sum(sum(c.dropped.values()) for c in read)
+    parts = [f"{not_logs} not a log format" if not_logs else "", f"{skipped} record{'s' if skipped != 1 else ''} skipped"
+             if skipped else "", f"{dropped} dropped on purpose" if dropped else ""]
+    detail = "; ".join(p for p in parts if p) or "nothing to convert"
+    names = [c.path for c in read] or [str(f) for f in files]
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    raise InputError(f"{shown}: no session found in {len(names)} file{'s' if len(names) != 1 else ''} ({detail}); "
+                     "nothing was written: check FORMAT (auto detects each file's) and the files")
 
 
 def _write_atomically(out: Path, lines: Iterator[str]) -> None:
