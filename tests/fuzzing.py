@@ -571,3 +571,155 @@ def check_checkpoint(directory: Path, pristine: dict[str, bytes], mutation: tupl
                 assert report["head"]["bytes"] == sum(t["bytes"] for t in report["head"]["tensors"])
     finally:
         (directory / name).write_bytes(pristine[name])
+
+
+# ---------------------------------------------------------------------------------------------
+# compare's inputs: what an engine counted (vLLM /metrics text, vLLM per-request JSON, SGLang decode logs)
+
+NUMBER_TEXT = ["nan", "NaN", "+Inf", "-Inf", "-1", "0", "1.5", "1e400", "1e18", "99999999999999999999", "0x10", "", "1_000",
+               "-0", "3.0", "1e-300", "７"]
+_LABELS = 'engine="0",model_name="Qwen/Qwen3.5-0.8B"'
+
+
+def _scrape_lines(drafts=100, draft_tokens=400, accepted=250, per_pos=(90, 70, 50, 40), stamp=""):
+    lines = ["# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.", "# TYPE vllm:spec_decode_num_drafts counter"]
+    for name, value in (("num_drafts", drafts), ("num_draft_tokens", draft_tokens), ("num_accepted_tokens", accepted)):
+        lines += [f"vllm:spec_decode_{name}_total{{{_LABELS}}} {value}{stamp}", f"vllm:spec_decode_{name}_created{{{_LABELS}}} 1.7e9"]
+    lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{_LABELS},position="{p}"}} {v}{stamp}'
+              for p, v in enumerate(per_pos)]
+    return lines
+
+
+@st.composite
+def prometheus_text(draw) -> str:
+    """One or two /metrics scrapes (with or without timestamps), then line-level mutations: a number replaced by
+    one that cannot be a count, a line deleted, duplicated or cut, a label changed, a position renumbered."""
+    lines = _scrape_lines()
+    if draw(st.booleans()):  # a second scrape, later, larger (or not)
+        stamp = draw(st.sampled_from(["", " 1764583200000", " 1764583260000"]))
+        lines = _scrape_lines(stamp=" 1764583200000") + _scrape_lines(200, 800, 500, (180, 140, 100, 80), stamp)
+    for _ in range(draw(st.integers(0, 5))):
+        if not lines:
+            break
+        i = draw(st.integers(0, len(lines) - 1))
+        op = draw(st.sampled_from(["number", "number", "number", "delete", "duplicate", "cut", "label", "position", "junk"]))
+        line = lines[i]
+        if op == "number" and " " in line:
+            head, sep, tail = line.partition("} ") if "} " in line else line.partition(" ")
+            parts = tail.split(" ")
+            parts[0] = draw(st.sampled_from(NUMBER_TEXT))
+            lines[i] = head + sep + " ".join(parts)
+        elif op == "delete":
+            del lines[i]
+        elif op == "duplicate":
+            lines.insert(i, line)
+        elif op == "cut":
+            lines[i] = line[: draw(st.integers(0, len(line)))]
+        elif op == "label":
+            lines[i] = line.replace(draw(st.sampled_from(['engine="0"', 'model_name="Qwen/Qwen3.5-0.8B"', "{"])),
+                                    draw(st.sampled_from(['engine="1"', 'model_name="other"', "", '{x="\\"', "{{"])))
+        elif op == "position":
+            lines[i] = line.replace('position="', f'position="{draw(st.sampled_from(["-", "9", "1e3", "x", "99999999999"]))}')
+        else:
+            lines.insert(i, draw(st.sampled_from(["vllm:spec_decode_num_drafts", "vllm:spec_decode_", "# TYPE x counter", "\x00"])))
+    return "\n".join(lines) + "\n"
+
+
+def _response_seed():
+    return [{"id": "r1", "choices": [], "metrics": {"speculative_decoding": {
+        "acceptance_histogram": [10, 20, 30, 20, 20], "num_spec_tokens": 4, "num_spec_steps": 100,
+        "num_accepted_draft_tokens": 210, "num_draft_tokens": 400}}},
+        {"id": "r2", "choices": [], "metrics": {"speculative_decoding": {"acceptance_histogram": [5, 5, 5, 5, 5],
+                                                                         "num_spec_tokens": 4}}}]
+
+
+@st.composite
+def per_request_text(draw) -> str:
+    value = draw(mutated(_response_seed()))
+    layout = draw(st.sampled_from(["json", "lines", "sse"]))
+    if layout == "sse" and isinstance(value, list):
+        try:
+            return "".join(f"data: {json.dumps(v)}\n\n" for v in value) + "data: [DONE]\n"
+        except (RecursionError, ValueError):
+            return "data: " + "[" * 5000 + "\n"
+    data = serialise(value, "lines" if layout == "lines" else "json", draw(st.booleans()))
+    return draw(corrupted(data)).decode("utf-8", "replace")
+
+
+@st.composite
+def sglang_text(draw) -> str:
+    values = draw(st.lists(st.sampled_from(["1.00", "2.31", "3.9", "5.0", "0.50", "nan", "inf", "-1", "1e400", "x", "", "2.5e0"]),
+                           min_size=0, max_size=5))
+    lines = [f"[2026-12-01 10:00:0{i}] Decode batch. #running-req: 3, #token: 900, token usage: 0.01, accept len: {v}, "
+             "gen throughput (token/s): 120.0, #queue-req: 0" for i, v in enumerate(values)]
+    if draw(st.booleans()):
+        lines.insert(0, "[2026-12-01 10:00:00] Prefill batch. #new-seq: 1, #new-token: 512")
+    return "\n".join(lines) + "\n"
+
+
+@st.composite
+def engine_files(draw) -> str:
+    """compare's --engine-metrics file: any of the three formats, mostly mutated, sometimes random text."""
+    if draw(st.integers(0, 19)) == 0:
+        return draw(st.text(max_size=200))
+    return draw(st.one_of(prometheus_text(), per_request_text(), sglang_text()))
+
+
+def check_engine_file(text: str, k: int = 4) -> None:
+    """read_engine_metrics (and the K check) either give a measurement whose numbers are sane, or refuse it with
+    one EngineMetricsError line; peak Python memory stays within 64 MB of the input (bounded by the file)."""
+    import math
+    import tracemalloc
+
+    from mtp_observe.counters import check_acceptance_length, read_engine_metrics
+    from mtp_observe.errors import EngineMetricsError
+
+    RUNS["engine metrics"] += 1
+    tracemalloc.start()
+    try:
+        measured = read_engine_metrics(text, "m.txt")
+        check_acceptance_length(measured, measured.k if measured.k is not None else k)
+    except EngineMetricsError as e:
+        assert "\n" not in str(e) and str(e).startswith("m.txt"), str(e)
+        OUTCOMES["engine metrics: refused"] += 1
+        return
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 64 * 2**20 + 20 * len(text), peak
+    OUTCOMES[f"engine metrics: read ({measured.source})"] += 1
+    top = (measured.k if measured.k is not None else k) + 1
+    assert math.isfinite(measured.mean_acceptance_length) and 1 <= measured.mean_acceptance_length <= top, measured
+    if measured.per_position is not None:
+        rates = list(measured.per_position)
+        assert all(0 <= r <= 1 for r in rates) and all(a >= b for a, b in zip(rates, rates[1:])), rates
+    if measured.steps is not None:
+        assert math.isfinite(measured.steps) and measured.steps > 0, measured
+
+
+GENERATE_VALUES = {
+    "--max-new-tokens": ["-1", "0", "1", "2", "10**9", "1e3", "99999999999999999999", "x", ""],
+    "--seed": ["-1", "0", "2**70", "99999999999999999999", "nan", "x"],
+    "--speculative": ["-1", "0", "1", "2", "1000000", "nan", "x"],
+    "--batch-size": ["-5", "0", "1", "3", "100000000000", "x"],
+    "--chunk-size": ["-1", "0", "1", "7", "99999999999999999999"],
+    "--sampling": ["greedy", "generation_config", "thinking_general", "nope", "a=nan,1,0", "a=0.7,2,5", "a=-1,0.9,0",
+                   "a=0.7,0.9,-3", "a=inf,0.9,0", "a=0.7,0.9,20,0,0,0,2", "=", "a=1,1,1,1,1,1,1,1"],
+    "--progress-every": ["-1", "0", "nan", "inf", "1e308", "0.5"],
+    "--dtype": ["auto", "float32", "float16", "int8"],
+    "--device": ["cpu", "auto", "cuda:7", "tpu", ""],
+    "--template-kwargs": ['{"enable_thinking": false}', "{", "[]", '{"a": NaN}', "1e400", '{"a": ' * 80 + "1" + "}" * 80],
+    "--on-error": ["fail", "skip", "ignore"],
+}
+
+
+@st.composite
+def generate_argv(draw) -> list[str]:
+    """generate's options, a few at a time, each from values that are valid, at a bound, or impossible."""
+    names = draw(st.lists(st.sampled_from(sorted(GENERATE_VALUES)), min_size=1, max_size=4, unique=True))
+    argv = []
+    for name in names:
+        argv += [name, draw(st.sampled_from(GENERATE_VALUES[name]))]
+    if "--max-new-tokens" not in names:
+        argv += ["--max-new-tokens", "2"]  # keep the accepted runs short
+    return argv

@@ -22,10 +22,13 @@ from .fuzzing import (
     RUNS,
     check_checkpoint,
     check_cli,
+    check_engine_file,
     check_import,
     check_read,
     checkpoint_files,
     checkpoint_mutation,
+    engine_files,
+    generate_argv,
     log_files,
     run_cli,
     write_input,
@@ -132,14 +135,86 @@ def test_no_mutated_checkpoint_makes_inspect_or_sessions_raise_anything_but_a_on
     assert seen.get("cli inspect (checkpoint): exit 2", 0) > 0 and seen.get("cli inspect (checkpoint): exit 0", 0) > 0, seen
 
 
+def engine_property(examples: int, fast: bool):
+    @fuzz(examples, fast)
+    @given(engine_files())
+    def prop(text):
+        check_engine_file(text)
+
+    prop()
+
+
+def test_no_mutated_engine_counter_file_is_read_as_anything_but_a_sane_measurement_or_one_line(tmp_path):
+    """compare's --engine-metrics readers (vLLM /metrics text, per-request JSON, SGLang logs) on mutated files:
+    a measurement whose rates and acceptance length can be one, or one EngineMetricsError line; memory bounded."""
+    before = dict(OUTCOMES)
+    engine_property(examples=300, fast=True)
+    seen = {k: v - before.get(k, 0) for k, v in OUTCOMES.items() if k.startswith("engine metrics")}
+    assert seen.get("engine metrics: refused", 0) > 0 and sum(v for k, v in seen.items() if "read (" in k) > 0, seen
+
+
+def compare_cli_property(directory, run_dir, examples: int, fast: bool):
+    @fuzz(examples, fast)
+    @given(engine_files())
+    def prop(text):
+        path = directory / "m.txt"
+        path.write_text(text, encoding="utf-8", errors="surrogatepass")
+        RUNS["cli compare"] += 1
+        code, _, err = run_cli(["compare", str(run_dir), "--engine-metrics", str(path), "--replicates", "50"])
+        assert code in (0, 1, 2) and "Traceback" not in err, (code, err)
+        OUTCOMES[f"cli compare: exit {code}"] += 1
+        if code == 2:
+            lines = [line for line in err.strip().splitlines() if not line.startswith("warning: ")]
+            assert len(lines) == 1 and lines[0].startswith("error: "), err
+
+    prop()
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    from .handmade import random_sessions, write_run
+
+    return write_run(tmp_path_factory.mktemp("fuzz-run") / "run", random_sessions(12, 4, 0.7, seed=3), k=4, draft_cost=0.1)
+
+
+def test_every_compare_of_a_mutated_counter_file_agrees_disagrees_or_is_refused_in_one_line(tmp_path, small_run):
+    compare_cli_property(tmp_path, small_run, examples=25, fast=True)
+
+
+def generate_property(directory, checkpoint, examples: int, fast: bool):
+    from .test_replay import SESSION
+
+    sessions = directory / "s.jsonl"
+    sessions.write_text(json.dumps(SESSION) + "\n")
+
+    @fuzz(examples, fast)
+    @given(generate_argv())
+    def prop(argv):
+        check_cli(["generate", str(sessions), "-o", str(directory / "own.jsonl"), "--overwrite", "--model", str(checkpoint),
+                   *argv], "cli generate")
+
+    prop()
+
+
+def test_generate_options_valid_at_a_bound_or_impossible_exit_0_or_2_with_one_line(tmp_path, tiny_checkpoint):
+    before = dict(OUTCOMES)
+    generate_property(tmp_path, tiny_checkpoint, examples=30, fast=True)
+    seen = {k: v - before.get(k, 0) for k, v in OUTCOMES.items() if k.startswith("cli generate")}
+    assert seen.get("cli generate: exit 2", 0) > 0 and seen.get("cli generate: exit 0", 0) > 0, seen
+
+
 # --- slow: over 5,000 inputs ------------------------------------------------------------------
 
-SLOW = {"import": 400, "auto": 800, "read": 1200, "cli import": 400, "cli sessions": 60, "checkpoint": 1400, "checkpoint replay": 100}
+SLOW = {"engine": 1500, "cli compare": 150, "cli generate": 100, "import": 400, "auto": 800, "read": 1200, "cli import": 400, "cli sessions": 60, "checkpoint": 1400, "checkpoint replay": 100}
 
 
 @pytest.mark.slow
-def test_fuzz_the_readers_and_importers_with_over_5000_inputs(tmp_path, tiny_checkpoint, renderer):
+def test_fuzz_the_readers_and_importers_with_over_5000_inputs(tmp_path, tiny_checkpoint, renderer, small_run):
     before = sum(RUNS.values())
+    engine_property(examples=SLOW["engine"], fast=False)
+    compare_cli_property(tmp_path, small_run, examples=SLOW["cli compare"], fast=False)
+    (tmp_path / "generated").mkdir()
+    generate_property(tmp_path / "generated", tiny_checkpoint, examples=SLOW["cli generate"], fast=False)
     for fmt in FORMATS:
         importer_property(fmt, tmp_path, examples=SLOW["import"], fast=False)
     importer_property("auto", tmp_path, examples=SLOW["auto"], fast=False)
