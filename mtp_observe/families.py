@@ -238,6 +238,7 @@ class HeadReading:
 
 
 ENGINE_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 HEAD_ENGINES = tuple(ENGINE_VERSIONS)
 
 
