@@ -274,6 +274,9 @@ def serve_lines(report: Report) -> list[str]:
         return [f"{lead} no engine flag (vLLM and SGLang serve no {drafter} drafter)"]
     dynamic = dynamic_config(report)
     lines = [f"{lead} vllm serve MODEL --speculative-config '{_json(config)}'"]
+    note = reading_note(report, "vllm") if drafter == "mtp" else None
+    if note is not None:
+        lines.append(f"  note: {note}")
     if dynamic is not None:
         lines.append(f"  vLLM by batch size (dynamic speculative decoding): --speculative-config '{_json(dynamic)}'")
     if drafter == "mtp":

@@ -640,6 +640,9 @@ def _nextn_geometry(family: Family, text_config: dict, where: Path) -> HeadGeome
             # vLLM reads an explicit attention_factor 1.0 as deepseek_llama_scaling (deepseek_v2.py:1115-1120)
             raise cfg.fail("rope_scaling.attention_factor", "is set; only DeepSeek's yarn without it is implemented")
         theta, rotary_dim, scaling = _rope(cfg, mla.qk_rope_head_dim, partial=1.0)
+        if scaling.rope_type not in ("default", "yarn"):  # vLLM turns any scaled rope into deepseek_yarn (:1115-1120)
+            raise cfg.fail("rope_scaling", f"is of type {scaling.rope_type!r}; vLLM runs DeepSeek's scaled rope as "
+                                           "deepseek_yarn whatever the type, so only default and yarn are read")
         if rotary_dim != mla.qk_rope_head_dim:
             raise cfg.fail("partial_rotary_factor", "is set; DeepSeek rotates the whole qk_rope_head_dim")
         return HeadGeometry(num_kv_heads=nh, head_dim=mla.qk_head_dim, rope_theta=theta, rotary_dim=rotary_dim, rope=scaling,

@@ -222,3 +222,132 @@ def test_the_correct_plain_reference_is_transformers_head(models):
         a, la = plain.draft(hidden, ids, p, K)
         b, lb = theirs.draft(hidden, ids, p, K)
         assert a == b and (la - lb).abs().max() < 1e-5
+
+
+# --- the layer's MLP by its index, and what SGLang cannot load -----------------------------------
+
+
+def test_a_nextn_layer_below_first_k_dense_replace_is_dense_as_vllm_builds_it_and_sglang_refuses_it(make_checkpoint, models):
+    spec = dict(GLM, num_hidden_layers=2, first_k_dense_replace=3)  # layer 2 < 3: dense in vLLM, MoE in SGLang
+    model, ids, hidden = models(**spec)
+    assert model.head.geometry.moe is None and model.info.routing.num_experts == 8  # a dense head over a MoE target
+    assert_equal_drafts(model.head, ids, hidden, TransformersNextn(model), ANCHORS)
+    from .test_replay import SESSION, write_sessions
+
+    d = make_checkpoint(**spec)
+    sessions = write_sessions(d.parent / "dense-nextn.jsonl", [SESSION])
+    one_line(run_in_process("replay", sessions, "--model", d, "--head-reading", "sglang", "--device", "cpu", "--out",
+                            d.parent / "dense-run"), "dense MLP", "SGLang builds it as MoE", "--head-reading vllm")
+
+
+# --- FP8 -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec, scale_dtype", [(dict(DEEPSEEK, moe_intermediate_size=160, q_lora_rank=136), torch.float32),
+                                               (dict(GLM, moe_intermediate_size=160), torch.bfloat16)],
+                         ids=["deepseek_v3 F32 scales", "glm4_moe BF16 scales"])
+def test_an_fp8_nextn_checkpoint_replays_with_exactly_the_rows_of_its_dequantised_copy(make_checkpoint, tmp_path, spec, scale_dtype):
+    from mtp_observe.synthetic import write_dequantised_copy, write_fp8_copy
+
+    from .test_quantized import assert_same_rows, replay_rows
+
+    fp8 = write_fp8_copy(make_checkpoint(**spec), tmp_path / "fp8", scale_dtype)
+    info = read_checkpoint(fp8)
+    fp8_head = {n.removeprefix(info.head_prefix) for n in info.head_names if info.tensors[n].dtype == "F8_E4M3"}
+    attention = {"self_attn.q_a_proj.weight", "self_attn.q_b_proj.weight", "self_attn.kv_a_proj_with_mqa.weight",
+                 "self_attn.kv_b_proj.weight", "self_attn.o_proj.weight"} if info.geometry.mla else \
+        {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight"}
+    assert attention <= fp8_head and "mlp.experts.0.gate_proj.weight" in fp8_head and "mlp.shared_experts.down_proj.weight" in fp8_head
+    assert not fp8_head & {"eh_proj.weight", "mlp.gate.weight", "shared_head.head.weight", "embed_tokens.weight"}
+    rows, manifest = replay_rows(fp8, tmp_path / "fp8run" / "run")
+    float_rows, _ = replay_rows(write_dequantised_copy(fp8, tmp_path / "dequantised"), tmp_path / "floatrun" / "run")
+    assert_same_rows(rows, float_rows)
+    assert manifest["model"]["numerics"].startswith("fp8 e4m3 weights (128x128 blocks")
+
+
+# --- the stages: routing recorded, inspect, the geometry from the config -------------------------
+
+
+def test_the_grouped_routers_of_the_target_are_recorded(models):
+    from mtp_observe.routing import RouterRecorder
+    from mtp_observe.target import prefill
+
+    model, ids, _ = models(**DEEPSEEK)
+    recorder = RouterRecorder(model.target, 2)
+    try:
+        assert recorder.active and recorder.experts == 8 and len(recorder.routers) == 3  # layers 1-3 (first_k_dense_replace 1)
+        recorder.begin_request()
+        prefill(model.target, ids, 64)
+        recorder.end_request(0, [(10, 60)])
+        sums = recorder.take()
+    finally:
+        recorder.close()
+    hits = torch.tensor(sums["hits"]).reshape(2, 3, 8)
+    assert sums["windows"][0] == 51 and (hits[0].sum(-1) == 51 * 2).all()  # every token: 2 distinct experts a layer
+
+
+def test_inspect_shows_the_nextn_layer_its_copies_and_the_mla_cache(make_checkpoint):
+    from mtp_observe.inventory import inventory_json, take_inventory
+
+    info = read_checkpoint(make_checkpoint(**DEEPSEEK))
+    data = inventory_json(take_inventory(info))
+    assert data["head_layer"] == "model.layers.4" and data["head"]["count"] == 42
+    assert [c["name"] for c in data["copies"]] == ["model.layers.4.embed_tokens.weight", "model.layers.4.shared_head.head.weight"]
+    assert data["kv_cache"] == {"kind": "mla", "layers": 4, "elements_per_layer": 16 + 8, "target_bytes_per_token": 4 * 24 * 2,
+                                "head_bytes_per_token": 24 * 2}
+    assert data["config"]["n_group"] == 4 and data["config"]["routing"] == "sigmoid_grouped"
+    glm = inventory_json(take_inventory(read_checkpoint(make_checkpoint(**GLM))))
+    assert glm["kv_cache"]["elements_per_layer"] == 2 * 2 * 32 and glm["experts"]["head"]["shared_bytes"] > 0
+
+
+@pytest.mark.parametrize("spec", [DEEPSEEK, GLM], ids=["deepseek_v3", "glm4_moe"])
+def test_the_config_alone_gives_the_geometry_a_real_nextn_checkpoint_has(make_checkpoint, spec):
+    from mtp_observe.cost import config_tensors, geometry_from_tensors, geometry_of_checkpoint
+
+    info = read_checkpoint(make_checkpoint(**spec))
+    real = geometry_of_checkpoint(info)
+    built = geometry_from_tensors(info.text_config, config_tensors(info.text_config, info.model_type), False, "BF16", False,
+                                  head_prefix=info.head_prefix)
+    assert built == real
+    assert (real.moe_layers, real.experts, real.top_k, real.full_layers, real.head_experts) == (3, 8, 2, 4, 8)
+
+
+# --- replay records the reading ------------------------------------------------------------------
+
+
+def run_in_process(*argv) -> tuple[int, str, str]:
+    from .fuzzing import run_cli
+
+    return run_cli([str(a) for a in argv])
+
+
+def one_line(result, *needles):
+    code, _, err = result
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_replay_records_the_reading_and_a_resume_under_another_is_refused(make_checkpoint, tmp_path):
+    from .test_replay import SESSION, write_sessions
+
+    d = make_checkpoint(**GLM)
+    sessions = write_sessions(tmp_path / "s.jsonl", [SESSION])
+    run = tmp_path / "run"
+    code, _, err = run_in_process("replay", sessions, "--model", d, "--head-reading", "sglang", "--k", "2", "--device", "cpu",
+                                  "--out", run)
+    assert code == 0, err
+    manifest = json.loads((run / "run.json").read_text())
+    assert manifest["schema_version"] == 3
+    assert manifest["head_reading"] == {"engine": "sglang", "engine_version": "0.5.23", "zero_position_0_embedding": False,
+                                        "fed_back_state": "post_norm", "nextn_mlp": "moe"}
+    assert manifest["model"]["head_copies"] == {"embed_tokens.weight": "equal", "shared_head.head.weight": "equal"}
+    code, report, _ = run_in_process("report", run, "--replicates", "50")
+    assert "head replayed as SGLang 0.5.23" in report
+    assert "vLLM 0.33.0 zeroes the embedding at position 0 and feeds the pre-norm state back" in report
+    (run / "run.json").write_text(json.dumps(manifest | {"status": "running"}))  # an interrupted run, resumed under vLLM's
+    one_line(run_in_process("replay", sessions, "--model", d, "--k", "2", "--device", "cpu", "--out", run, "--resume"),
+             "cannot resume", "head reading differs")
+    one_line(run_in_process("replay", sessions, "--model", d, "--head-reading", "trtllm", "--out", tmp_path / "x"),
+             "--head-reading trtllm", "vllm, sglang")
