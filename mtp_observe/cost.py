@@ -377,6 +377,19 @@ class Geometry:
         """Parameters one token multiplies by (routed experts at top-k)."""
         return self.dense_params + self.top_k * self.expert_params * self.moe_layers
 
+    @property
+    def weight_bytes(self) -> int:
+        """Every weight the target and the head hold at this precision (the embedding whole; no copies)."""
+        return (self.dense_bytes + self.embedding_row_bytes * self.vocab_size + self.expert_bytes * self.moe_layers * self.experts
+                + self.head_dense_bytes + self.head_expert_bytes * self.head_experts)
+
+    @property
+    def total_params(self) -> int:
+        """Parameters of the target (embedding and lm_head included) and the head."""
+        embedding = self.hidden_size * self.vocab_size if self.embedding_row_bytes else 0
+        return (self.dense_params + embedding + self.expert_params * self.moe_layers * self.experts + self.head_dense_params
+                + self.head_expert_params * self.head_experts)
+
     def as_dict(self) -> dict:
         return asdict(self)
 
@@ -660,6 +673,52 @@ def roofline_times(g: Geometry, device: Device, batch: tuple[int, ...], q_max: i
               f"TFLOP/s dense), weights at {g.precision}, context {context:,.0f} tokens{experts_text}")
     return StepTimes(batch=tuple(batch), target=target, draft=draft, source="roofline", detail=detail, unit="s",
                      notes=tuple(notes), bound=bound, draft_bound=draft_bound, breakdown=tuple(breakdown))
+
+
+# ---------------------------------------------------------------------------------------------
+# 6b. A replay replica's memory (how many GPUs one replay of one session at a time needs)
+
+
+@dataclass(frozen=True)
+class ReplicaMemory:
+    """What one replay process holds for one session of `context` tokens, in bytes (an estimate: every term below).
+
+    weights       the target's and the head's weights at the replay's precision (a block-FP8 checkpoint is dequantised
+                  to the run's dtype today: checkpoint.py; "weights at FP8" is what keeping them FP8 would hold)
+    target_kv     the target's cache for the session: transformers' DynamicCache keeps MLA's latent and rope key
+                  (kv_lora_rank + qk_rope_head_dim per layer), GQA's keys and values (2 · nkv · d), at KV_BYTES
+    head_kv       the head's own cache: keys and values per head as mtp/head.py keeps them (MLA expanded:
+                  nh · (qk_head_dim + v_head_dim); GQA 2 · nkv · d), at KV_BYTES
+    transient     the largest short-lived tensor: transformers' MLA expands the whole cache of one layer to keys and
+                  values at every prefill chunk (nh · (qk_nope + v) per token, modeling_deepseek_v3.py:407-424),
+                  plus the head's and the target's vocabulary-sized blocks (mtp/head.py LOGITS_BUDGET, target.py's
+                  reduce_logits budget: 256 MiB of fp32 each) and one attention score block (ATTENTION_BUDGET)
+    """
+
+    weights: float
+    target_kv: float
+    head_kv: float
+    transient: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.target_kv + self.head_kv + self.transient
+
+    def gpus(self, gpu_bytes: float, usable: float = 0.9) -> int:
+        """GPUs of `gpu_bytes` one replica spans (`device_map auto` places whole layers; `usable` of each is left
+        after the CUDA context, allocator slack and the layers' uneven split)."""
+        return max(1, math.ceil(self.total / (gpu_bytes * usable)))
+
+
+def replica_memory(g: Geometry, context: float, head_kv_elements: int, expanded_kv_elements: int = 0,
+                   weight_bytes: float | None = None) -> ReplicaMemory:
+    """ReplicaMemory for a session of `context` tokens: head_kv_elements the head's cached elements per token (see
+    ReplicaMemory.head_kv), expanded_kv_elements the per-token keys and values transformers' MLA expands one layer's
+    cache into (0 for GQA); weight_bytes overrides g.weight_bytes (the weights at another precision)."""
+    budgets = 3 * (1 << 26) * 4  # logits blocks of the head and the target, one attention block, fp32
+    return ReplicaMemory(weights=float(g.weight_bytes if weight_bytes is None else weight_bytes),
+                         target_kv=context * g.kv_bytes_per_token, head_kv=context * head_kv_elements * KV_BYTES,
+                         transient=context * expanded_kv_elements * KV_BYTES + budgets)
 
 
 # ---------------------------------------------------------------------------------------------
