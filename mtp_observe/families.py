@@ -251,7 +251,7 @@ def head_reading(model_type: str, engine: str = "vllm") -> HeadReading:
                     the proposer recycles the second, v1/spec_decode/llm_base_proposer.py:599-604, 720, 1001-1014)
                     but the pre-norm y for GLM-4.5 (glm4_moe_mtp.py:127-128 returns y alone: Glm4MoeMTPModel is not
                     in model_returns_tuple's set); builds the layer's MLP by its index L
-      SGLang 0.5.23 no zeroing; feeds back the post-norm state for both (deepseek_nextn.py:233-238,
+      SGLang 0.5.23 no zeroing; feeds back the post-norm state for both (deepseek_nextn.py:234-238,
                     glm4_moe_nextn.py:111-115, speculative/eagle_worker_v2.py:866-899); forces the MLP to MoE
                     (is_nextn: models/deepseek_v2.py:2784-2792, models/glm4_moe.py:827-834)
     """

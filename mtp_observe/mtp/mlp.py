@@ -12,9 +12,9 @@ sigmoid `shared_expert_gate`) and SGLang agree on:
     w, e  = topk(p, k);  w = w / sum(w) if norm_topk_prob      (weights kept in fp32, as vLLM)
     mlp   = sum_j w_j down_{e_j}(silu(gate_{e_j} x) * up_{e_j} x) + sigmoid(x w_sg^T) down_s(silu(gate_s x) * up_s x)
 
-DeepSeek-V3 / GLM-4.5 routing (`route_grouped`), vLLM's grouped_topk (layers/fused_moe/router/grouped_topk_router.py:
-81-162, called with use_grouped_topk=True, scoring_func sigmoid and the correction bias: deepseek_v2.py:374-401,
-glm4_moe.py:185-209) and transformers' DeepseekV3TopkRouter / Glm4MoeTopkRouter (the same body):
+DeepSeek-V3 / GLM-4.5 routing (`route_grouped`), vLLM's grouped_topk (model_executor/layers/fused_moe/router/
+grouped_topk_router.py:81-162, called with use_grouped_topk=True, scoring_func sigmoid and the correction bias: deepseek_v2.py:374-401,
+glm4_moe.py:183-209) and transformers' DeepseekV3TopkRouter / Glm4MoeTopkRouter (the same body):
 
     s      = sigmoid(x W_router^T) in fp32               [n, E]   (the router and the bias kept in fp32)
     c      = s + e_score_correction_bias                  the bias chooses ...
