@@ -202,8 +202,10 @@ class MtpHead(nn.Module):
     def _row_mask(self, q_positions: Tensor, k_positions: Tensor):
         """The row pass's causal mask. On CUDA a lower-right CausalBias (the same mask when the chunk's
         queries are the last keys) lets SDPA pick a flash / memory-efficient kernel instead of
-        materialising [q, k]; elsewhere the explicit boolean mask."""
-        if self.device.type == "cuda" and _lower_right is not None:
+        materialising [q, k]; elsewhere (and for MLA, whose values are narrower than its keys, which the flash
+        kernels do not take) the explicit boolean mask."""
+        same_widths = self.attention.key_dim == self.attention.value_dim
+        if self.device.type == "cuda" and _lower_right is not None and same_widths:
             return _lower_right(q_positions.shape[0], k_positions.shape[0])
         return causal_mask(q_positions, k_positions)
 
