@@ -1,4 +1,4 @@
-"""The checkpoint: what a local Qwen3.5-family model directory holds, read from headers.
+"""The checkpoint: what a local model directory of a supported family holds, read from headers.
 
 Contract: given a directory, `read_checkpoint` returns a `CheckpointInfo` built from
 config.json and the safetensors *headers* only (no tensor data is read), validated far
@@ -6,7 +6,8 @@ enough that every later stage can trust it: a supported family, config values of
 type and range, well-formed safetensors headers, an MTP head whose every tensor is present
 with the shape the config implies, the borrowed embedding and lm_head located, and every
 weight stored in a dtype this tool reads faithfully (float, or block-FP8 with its scales).
-`load_head_tensors` then reads the `mtp.*` tensors from only the shards that hold them, in
+`load_head_tensors` then reads the head's tensors (`mtp.*`, or a NextN layer's `model.layers.{L}.*`) from only
+the shards that hold them, in
 the one in-memory form the head runs, and `load_target` builds the target through
 transformers' own class for the family. Nothing here runs a model. Anything wrong is one
 line naming the file and what is wrong (errors.CheckpointError, exit 2).
@@ -14,8 +15,11 @@ line naming the file and what is wrong (errors.CheckpointError, exit 2).
 Families are data (families.py): which layout, which transformers class, whether the head's MLP is dense or a
 sparse MoE block, which config key holds the head's depth; the head geometry is read there.
 
-All put `lm_head.weight` (absent when tied) and `mtp.*` at the top level, single-file or
-sharded (`model.safetensors.index.json`).
+All put `lm_head.weight` (absent when tied) at the top level, single-file or sharded
+(`model.safetensors.index.json`); the Qwen3.5 family keeps its head under `mtp.*`, DeepSeek-V3 and GLM-4.5 as the
+layer after the target's last (`model.layers.{num_hidden_layers}.*`, docs/nextn.md), whose copies of the embedding
+and lm_head (`embed_tokens.weight`, `shared_head.head.weight`, absent from GLM-4.6) are checked for shape and
+never loaded: vLLM and SGLang run the target's own.
 
 Routed experts come in two layouts (MTP_HEAD.md): fused, `mlp.experts.gate_up_proj`
 [E, 2·I, H] (rows [0:I] gate, [I:] up: vLLM `qwen3_5_mtp.py` chunks it in two along dim -2
@@ -53,17 +57,19 @@ from pathlib import Path
 from .errors import CheckpointError
 from .families import (
     FAMILIES,
-    HEAD_PREFIX,
     TEXT_PREFIX,
     VISION_PREFIX,
     Family,
     HeadGeometry,
+    HeadNames,
     SparseMoe,
     _Config,
     _geometry,
+    _grouped_moe,
     _is_int,
     _moe,
     expected_head_shapes,
+    head_names,
 )
 
 SCALE_SUFFIX = "_scale_inv"
@@ -148,14 +154,35 @@ class CheckpointInfo:
         return self.embed_name if self.tie_word_embeddings else "lm_head.weight"
 
     @property
+    def names(self) -> HeadNames:
+        """Where the head's tensors are (families.head_names)."""
+        return head_names(self.geometry)
+
+    @property
+    def head_prefix(self) -> str:
+        return self.names.prefix
+
+    @property
     def head_names(self) -> list[str]:
-        return sorted(n for n in self.tensors if n.startswith(HEAD_PREFIX))
+        """Every tensor of the head as stored (a NextN layer's copies of the embedding and lm_head included)."""
+        return sorted(n for n in self.tensors if n.startswith(self.head_prefix))
+
+    @property
+    def head_copies(self) -> list[str]:
+        """The NextN layer's copies of the target's embedding / lm_head present in the checkpoint (never run)."""
+        return [self.head_prefix + c for c in self.names.copies if self.head_prefix + c in self.tensors]
+
+    @property
+    def head_weights(self) -> list[str]:
+        """The head tensors a draft step reads (its copies of the target's tensors left out)."""
+        copies = set(self.head_copies)
+        return [n for n in self.head_names if n not in copies]
 
     @property
     def target_names(self) -> list[str]:
-        """Every weight a target decode step reads: the text model and lm_head (not vision, not mtp)."""
+        """Every weight a target decode step reads: the text model and lm_head (not vision, not the head)."""
         return sorted(
-            n for n in self.tensors if not n.startswith(HEAD_PREFIX) and not n.startswith(VISION_PREFIX)
+            n for n in self.tensors if not n.startswith(self.head_prefix) and not n.startswith(VISION_PREFIX)
         )
 
     @property
@@ -442,6 +469,8 @@ def read_checkpoint(model_dir: str | Path) -> CheckpointInfo:
     routing = geometry.moe
     if routing is None and family.head_mlp == "by_sparse_step" and text_config.get("num_experts"):
         routing = _moe(_Config(text_config, where))  # a dense MTP layer over a MoE target
+    if routing is None and family.head == "nextn":
+        routing = _grouped_moe(family, _Config(text_config, where))  # a dense NextN layer over a MoE target
 
     # 3. Every tensor, from the headers.
     files, weight_map = _shard_files(path)
@@ -459,12 +488,20 @@ def read_checkpoint(model_dir: str | Path) -> CheckpointInfo:
                                       "header does not hold it; restore the index or the shard")
 
     # 4. The head: present, every tensor at the shape the config implies, stored as it can be read.
-    head = [n for n in tensors if n.startswith(HEAD_PREFIX)]
+    names = head_names(geometry)
+    head = [n for n in tensors if n.startswith(names.prefix)]
+    if not head and family.head == "nextn":
+        raise CheckpointError(
+            f"{path}: this checkpoint ships no NextN layer (no {names.prefix}* tensors for num_hidden_layers "
+            f"{geometry.layer_index}); vLLM refuses it too (deepseek_mtp.py:520-537: 'quantized without including the "
+            "MTP layers'): use a checkpoint saved with its MTP layer"
+        )
     if not head:
         raise CheckpointError(
             f"{path}: this checkpoint ships no MTP head (no mtp.* tensors); use a checkpoint saved with its mtp.* weights"
         )
-    expert_layout = _expert_layout(path, head, "mtp.layers.0.mlp.") if geometry.moe is not None else None
+    mlp_prefix = names.prefix + names.layer + "mlp."
+    expert_layout = _expert_layout(path, head, mlp_prefix) if geometry.moe is not None else None
     if geometry.moe is None and any(".mlp.experts." in n or n.endswith(".mlp.gate.weight") for n in head):
         raise CheckpointError(f"{path}: the MTP head has a sparse MoE block but config.json describes a dense MLP "
                               f"(model_type {model_type!r}); config and weights do not match")
@@ -477,10 +514,22 @@ def read_checkpoint(model_dir: str | Path) -> CheckpointInfo:
                 f"{path}: head tensor {name} has shape {_fmt(tensors[name].shape)}, expected {_fmt(shape)} "
                 "from config.json; config and weights do not match"
             )
+    copies = {names.prefix + c for c in names.copies}
     for name in head:
+        if name in copies:
+            if tensors[name].shape != (geometry.vocab_size, geometry.hidden_size):
+                raise CheckpointError(f"{path}: head tensor {name} has shape {_fmt(tensors[name].shape)}, expected "
+                                      f"{_fmt((geometry.vocab_size, geometry.hidden_size))} (a copy of the target's)")
+            continue
         if name not in expected and not (name.endswith(SCALE_SUFFIX) and name[: -len(SCALE_SUFFIX)] in expected):
-            raise CheckpointError(f"{path}: head tensor {name} is not part of a {geometry.mlp} Qwen3.5-family head "
+            what = f"{model_type} NextN layer" if family.head == "nextn" else "Qwen3.5-family head"
+            raise CheckpointError(f"{path}: head tensor {name} is not part of a {geometry.mlp} {what} "
                                   f"({len(expected)} tensors); config and weights do not match")
+    if family.head == "nextn":
+        beyond = next((n for n in tensors if n.startswith(f"model.layers.{geometry.layer_index + 1}.")), None)
+        if beyond is not None:  # num_nextn_predict_layers is 1 (checked above): no second NextN layer
+            raise CheckpointError(f"{path}: tensor {beyond} belongs to a second NextN layer, but "
+                                  f"num_nextn_predict_layers is 1; config and weights do not match")
 
     # 5. The borrowed tensors.
     info = CheckpointInfo(
@@ -503,7 +552,11 @@ def read_checkpoint(model_dir: str | Path) -> CheckpointInfo:
                 f"{path}: {what} tensor {name} has shape {_fmt(tensors[name].shape)}, expected {_fmt((V, H))}"
             )
     _check_storage(path, tensors, info.target_names + info.head_names, quantization)
-    for name in info.head_names + [info.embed_name, info.lm_head_name]:
+    for name in info.head_copies:
+        if tensors[name].dtype not in FLOAT_DTYPES:
+            raise CheckpointError(f"{path / tensors[name].file}: tensor {name} is stored as {tensors[name].dtype}; "
+                                  "a copy of the embedding or lm_head is a float matrix")
+    for name in info.head_weights + [info.embed_name, info.lm_head_name]:
         e = tensors[name]
         if len(e.shape) == 1 and e.dtype not in FLOAT_DTYPES:
             raise CheckpointError(f"{path / e.file}: tensor {name} is stored as {e.dtype}; a norm is a float vector")
@@ -575,32 +628,34 @@ def load_tensors(info: CheckpointInfo, names: list[str], device: str = "cpu", dt
 
 
 def load_head_tensors(info: CheckpointInfo, device: str = "cpu", dtype=None) -> dict:
-    """The head's tensors keyed without the "mtp." prefix, in the form the head runs: FP8 weights dequantised,
-    block scales consumed, routed experts as the fused stacks `layers.0.mlp.experts.gate_up_proj` [E, 2I, H]
-    (gate rows, then up rows) and `layers.0.mlp.experts.down_proj` [E, H, I] whatever the stored layout.
-    Per-expert tensors are written into the stacks one expert at a time (no second copy of the experts)."""
+    """The head's tensors keyed without the head's prefix ("mtp." or "model.layers.{L}."), in the form the head
+    runs: FP8 weights dequantised, block scales consumed, routed experts as the fused stacks
+    `{layer}mlp.experts.gate_up_proj` [E, 2I, H] (gate rows, then up rows) and `{layer}mlp.experts.down_proj`
+    [E, H, I] whatever the stored layout. Per-expert tensors are written into the stacks one expert at a time (no
+    second copy of the experts). A NextN layer's copies of the embedding and lm_head are not read."""
     import torch
 
     reader = _Reader(info)
-    names = [n for n in info.head_names if not n.endswith(SCALE_SUFFIX)]
+    prefix, layer = info.head_prefix, info.names.layer
+    names = [n for n in info.head_weights if not n.endswith(SCALE_SUFFIX)]
     out = {}
     if info.expert_layout == "per_expert":
         g = info.geometry
         E, inter, H = g.moe.num_experts, g.moe.moe_intermediate_size, g.hidden_size
-        first = info.tensors["mtp.layers.0.mlp.experts.0.gate_proj.weight"]
+        p = prefix + layer + "mlp.experts."
+        first = info.tensors[p + "0.gate_proj.weight"]
         stack_dtype = dtype or (torch.float32 if first.dtype == FP8_DTYPE else reader.raw(first.name).dtype)
         gate_up = torch.empty(E, 2 * inter, H, dtype=stack_dtype, device=device)
         down = torch.empty(E, H, inter, dtype=stack_dtype, device=device)
-        p = "mtp.layers.0.mlp.experts."
         for e in range(E):
             gate_up[e, :inter] = reader.value(f"{p}{e}.gate_proj.weight", stack_dtype)
             gate_up[e, inter:] = reader.value(f"{p}{e}.up_proj.weight", stack_dtype)
             down[e] = reader.value(f"{p}{e}.down_proj.weight", stack_dtype)
-        out["layers.0.mlp.experts.gate_up_proj"] = gate_up
-        out["layers.0.mlp.experts.down_proj"] = down
+        out[layer + "mlp.experts.gate_up_proj"] = gate_up
+        out[layer + "mlp.experts.down_proj"] = down
         names = [n for n in names if not n.startswith(p)]
     for n in sorted(names, key=lambda n: (info.tensors[n].file, n)):
-        out[n[len(HEAD_PREFIX):]] = reader.value(n, dtype).to(device=device)
+        out[n[len(prefix):]] = reader.value(n, dtype).to(device=device)
     return out
 
 
@@ -778,3 +833,52 @@ def sampled_fingerprint_of_files(files: list[Path], block: int = FINGERPRINT_BLO
         total += size
     return {"method": "sampled blocks", "sha256": h.hexdigest(), "bytes": total, "files": len(files),
             "sampled_bytes": sampled, "block_bytes": block, "blocks_per_tensor": blocks}
+
+
+# ---------------------------------------------------------------------------------------------
+# The head as an engine runs it, and the NextN layer's copies of the target's tensors
+
+
+def reading_for(info: CheckpointInfo, engine: str = "vllm"):
+    """families.HeadReading of `engine` for this checkpoint's head, refused in one line where that engine could not
+    load the checkpoint: SGLang builds a NextN layer as MoE whatever its index (models/deepseek_v2.py:2784-2792,
+    models/glm4_moe.py:827-834), so it has no place for a dense one."""
+    from .errors import OptionError
+    from .families import HEAD_ENGINES, head_reading
+
+    if engine not in HEAD_ENGINES:
+        raise OptionError(f"--head-reading {engine}: expected one of {', '.join(HEAD_ENGINES)}")
+    reading = head_reading(info.model_type, engine)
+    if reading.nextn_mlp == "moe" and info.geometry.moe is None:
+        raise CheckpointError(f"{info.path}: the NextN layer {info.head_prefix.rstrip('.')} has a dense MLP (its index is "
+                              f"below first_k_dense_replace), but SGLang builds it as MoE (is_nextn) and cannot load it; "
+                              "replay with --head-reading vllm")
+    return reading
+
+
+def compare_copies(info: CheckpointInfo, rows: int = 4096) -> dict | None:
+    """What the NextN layer's copies of the embedding and lm_head hold, compared value by value (in blocks of `rows`
+    rows) with the target's own: {"embed_tokens.weight": "equal" | "differs" | "absent", "shared_head.head.weight": ...};
+    None for a Qwen head (it ships none). The engines run the target's tensors either way (families.NEXTN_COPIES);
+    a copy that differs is what a separately trained head looks like, and the replay does not use it either."""
+    import torch
+
+    if not info.names.copies:
+        return None
+    reader = _Reader(info)
+    target = {"embed_tokens.weight": info.embed_name, "shared_head.head.weight": info.lm_head_name}
+    out = {}
+    for copy in info.names.copies:
+        name = info.head_prefix + copy
+        if name not in info.tensors:
+            out[copy] = "absent"
+            continue
+        a = reader._file(info.tensors[name].file).get_slice(name)
+        b = reader._file(info.tensors[target[copy]].file).get_slice(target[copy])
+        equal = True
+        for r0 in range(0, info.geometry.vocab_size, rows):
+            if not torch.equal(a[r0 : r0 + rows].float(), b[r0 : r0 + rows].float()):
+                equal = False
+                break
+        out[copy] = "equal" if equal else "differs"
+    return out

@@ -42,7 +42,8 @@ context of C tokens per sequence; the step takes max(bytes / bandwidth, FLOPs / 
                    independently and uniformly), or measured from the target's own router on the run
                    (`ExpertCounts`: B windows of q consecutive replayed tokens, mtp_observe/routing.py)
                  + KV cache: B·C tokens read and N written, 2 · nkv · d · KV_BYTES per token per
-                   full-attention layer
+                   full-attention layer (MLA: (kv_lora_rank + qk_rope_head_dim) · KV_BYTES, the latent and the rope
+                   key an engine's MLA cache holds: vLLM's MLA attention keeps kv_c and k_pe, one per token)
                  + Gated DeltaNet state per sequence and linear-attention layer: the recurrent state
                    (nv · dk · dv at the checkpoint's mamba_ssm_dtype) read once and written q times, and
                    the conv window (conv_dim · (kernel-1) read, conv_dim · q written, KV_BYTES each).
@@ -57,7 +58,9 @@ context of C tokens per sequence; the step takes max(bytes / bandwidth, FLOPs / 
                    (vllm-project/vllm@02d71083 vllm/model_executor/layers/mamba/mamba_utils.py
                    `gated_delta_net_state_shape`). A decode step (q = 1) writes one.
     target FLOPs   2 · active parameters · N (routed experts at top-k per token, lm_head included)
-                 + attention: 4 · nh · d · (C + (q+1)/2) per token per full-attention layer (QKᵀ and PV)
+                 + attention: 4 · nh · d · (C + (q+1)/2) per token per full-attention layer (QKᵀ and PV); MLA
+                   decodes with kv_b_proj absorbed into the query and the output (vLLM's MLA decode path):
+                   2 · nh · (kv_lora_rank + qk_rope_head_dim + kv_lora_rank) per cached token
                  + Gated DeltaNet recurrence: 6 · nv · dk · dv per token per linear-attention layer
     draft bytes    the head's weights (its routed experts as above, expected for B tokens), the whole
                    lm_head, B embedding rows, the head's own KV: B·C rows read, B written
@@ -336,17 +339,29 @@ class Geometry:
     ssm_bytes: int  # bytes per recurrent-state element (mamba_ssm_dtype)
     vocab_size: int = 0
     hidden_size: int = 0
+    kv_width: int = 0  # elements one token caches per attention layer; 0: 2 · nkv · d (MLA: kv_lora_rank + qk_rope)
+    attention_width: int = 0  # per head, the widths a cached token is multiplied by (QKᵀ and PV); 0: 2 · d
 
     # -- per sequence --------------------------------------------------------------------------
 
     @property
+    def kv_elements(self) -> int:
+        """One token's cache of one attention layer: 2 (K and V) · nkv · d, or the MLA latent and rope key."""
+        return self.kv_width or 2 * self.num_kv_heads * self.head_dim
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        """Target KV cache per token: 2 (K and V) · nkv · d · KV_BYTES per full-attention layer."""
-        return self.full_layers * 2 * self.num_kv_heads * self.head_dim * KV_BYTES
+        """Target KV cache per token: kv_elements · KV_BYTES per full-attention layer."""
+        return self.full_layers * self.kv_elements * KV_BYTES
 
     @property
     def head_kv_bytes_per_token(self) -> int:
-        return 2 * self.num_kv_heads * self.head_dim * KV_BYTES
+        return self.kv_elements * KV_BYTES
+
+    @property
+    def attention_flops_per_key(self) -> float:
+        """FLOPs one query spends on one cached token in one layer: 2 · nh · attention width (4 · nh · d for GQA)."""
+        return 2.0 * self.num_heads * (self.attention_width or 2 * self.head_dim)
 
     @property
     def state_bytes(self) -> int:
@@ -361,6 +376,19 @@ class Geometry:
     def active_params(self) -> int:
         """Parameters one token multiplies by (routed experts at top-k)."""
         return self.dense_params + self.top_k * self.expert_params * self.moe_layers
+
+    @property
+    def weight_bytes(self) -> int:
+        """Every weight the target and the head hold at this precision (the embedding whole; no copies)."""
+        return (self.dense_bytes + self.embedding_row_bytes * self.vocab_size + self.expert_bytes * self.moe_layers * self.experts
+                + self.head_dense_bytes + self.head_expert_bytes * self.head_experts)
+
+    @property
+    def total_params(self) -> int:
+        """Parameters of the target (embedding and lm_head included) and the head."""
+        embedding = self.hidden_size * self.vocab_size if self.embedding_row_bytes else 0
+        return (self.dense_params + embedding + self.expert_params * self.moe_layers * self.experts + self.head_dense_params
+                + self.head_expert_params * self.head_experts)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -379,20 +407,22 @@ def _is_routed(name: str) -> bool:
     return ".mlp.experts." in name
 
 
-def geometry_from_tensors(text_config: dict, tensors: list, tied: bool, precision: str, fp8: bool) -> Geometry:
+def geometry_from_tensors(text_config: dict, tensors: list, tied: bool, precision: str, fp8: bool,
+                          head_prefix: str = "mtp.", skip: tuple[str, ...] = ()) -> Geometry:
     """The geometry from the checkpoint's tensor list (checkpoint.TensorEntry; names as stored) and its text config.
 
-    Categories by name: `mtp.*` is the head (its `.mlp.experts.` routed, the rest dense); of the target,
-    `lm_head.weight` (absent when tied: the embedding), `embed_tokens.weight`, routed experts
-    (`.mlp.experts.`), and everything else, read whole. Layers: `self_attn.q_proj` marks a full-attention
-    layer, `linear_attn.out_proj` a Gated DeltaNet layer."""
+    Categories by name: names under `head_prefix` (`mtp.`, or a NextN layer's `model.layers.{L}.`) are the head
+    (its `.mlp.experts.` routed, the rest dense; `skip`: its copies of the embedding and lm_head, which no step
+    reads); of the target, `lm_head.weight` (absent when tied: the embedding), `embed_tokens.weight`, routed
+    experts (`.mlp.experts.`), and everything else, read whole. Layers: `self_attn.o_proj` marks an attention
+    layer, `linear_attn.out_proj` a Gated DeltaNet layer; `kv_a_proj_with_mqa` makes the attention MLA."""
     from .inventory import bytes_at
 
     def params(entries) -> int:
         return sum(e.numel for e in entries if not e.name.endswith("_scale_inv"))
 
-    head = [e for e in tensors if e.name.startswith("mtp.")]
-    target = [e for e in tensors if not e.name.startswith("mtp.") and not e.name.startswith("model.visual.")]
+    head = [e for e in tensors if e.name.startswith(head_prefix) and e.name not in skip]
+    target = [e for e in tensors if not e.name.startswith(head_prefix) and not e.name.startswith("model.visual.")]
     embedding = [e for e in target if e.name.endswith("embed_tokens.weight")]
     assert len(embedding) == 1, [e.name for e in embedding]
     lm_head = embedding if tied else [e for e in target if e.name == "lm_head.weight"]
@@ -400,16 +430,19 @@ def geometry_from_tensors(text_config: dict, tensors: list, tied: bool, precisio
     routed = [e for e in target if _is_routed(e.name)]
     dense = [e for e in target if not _is_routed(e.name) and e not in embedding and e not in lm_head]
     moe_layers = len({e.name.split(".mlp.experts.")[0] for e in routed if not e.name.endswith("_scale_inv")})
-    E = int(text_config.get("num_experts") or 0) if moe_layers else 0
+    experts = int(text_config.get("num_experts") or text_config.get("n_routed_experts") or 0)
+    E = experts if moe_layers else 0
     k = int(text_config.get("num_experts_per_tok") or 0) if moe_layers else 0
     head_routed = [e for e in head if _is_routed(e.name)]
     head_dense = [e for e in head if not _is_routed(e.name)]
-    head_E = int(text_config.get("num_experts") or 0) if head_routed else 0
+    head_E = experts if head_routed else 0
     layers = {"full": set(), "linear": set()}
     for e in target:
-        m = re.search(r"layers\.(\d+)\.(self_attn\.q_proj|linear_attn\.out_proj)\.weight$", e.name)
+        m = re.search(r"layers\.(\d+)\.(self_attn\.o_proj|linear_attn\.out_proj)\.weight$", e.name)
         if m:
             layers["full" if m.group(2).startswith("self_attn") else "linear"].add(int(m.group(1)))
+    mla = any(e.name.endswith("self_attn.kv_a_proj_with_mqa.weight") for e in target)
+    kv_lora, rope = int(text_config.get("kv_lora_rank") or 0), int(text_config.get("qk_rope_head_dim") or 0)
     hidden = int(text_config["hidden_size"])
     heads = int(text_config["num_attention_heads"])
     vocab = int(embedding[0].shape[0])
@@ -428,7 +461,7 @@ def geometry_from_tensors(text_config: dict, tensors: list, tied: bool, precisio
         head_experts=head_E,
         full_layers=len(layers["full"]), num_heads=heads,
         num_kv_heads=int(text_config["num_key_value_heads"]),
-        head_dim=int(text_config.get("head_dim") or hidden // heads),
+        head_dim=(int(text_config["qk_nope_head_dim"]) + rope) if mla else int(text_config.get("head_dim") or hidden // heads),
         linear_layers=len(layers["linear"]),
         linear_key_heads=int(text_config.get("linear_num_key_heads") or 0),
         linear_value_heads=int(text_config.get("linear_num_value_heads") or 0),
@@ -437,6 +470,7 @@ def geometry_from_tensors(text_config: dict, tensors: list, tied: bool, precisio
         conv_kernel=int(text_config.get("linear_conv_kernel_dim") or 0),
         ssm_bytes=SSM_BYTES.get(str(text_config.get("mamba_ssm_dtype")), KV_BYTES),
         vocab_size=vocab, hidden_size=hidden,
+        kv_width=kv_lora + rope if mla else 0, attention_width=2 * kv_lora + rope if mla else 0,
     )
 
 
@@ -445,7 +479,8 @@ def geometry_of_checkpoint(info) -> Geometry:
     checkpoint, BF16 otherwise (whatever dtype the replay ran in)."""
     fp8 = info.quantization is not None
     return geometry_from_tensors(info.text_config, list(info.tensors.values()), info.tie_word_embeddings,
-                                 "stored" if fp8 else "BF16", fp8)
+                                 "stored" if fp8 else "BF16", fp8, head_prefix=info.head_prefix,
+                                 skip=tuple(info.head_copies))
 
 
 def config_tensors(text_config: dict, family: str = "qwen3_5", tied: bool = False) -> list:
@@ -455,6 +490,8 @@ def config_tensors(text_config: dict, family: str = "qwen3_5", tied: bool = Fals
     from .checkpoint import TensorEntry
     from .families import expected_head_shapes, geometry_from_config
 
+    if family in ("deepseek_v3", "glm4_moe"):
+        return nextn_config_tensors(text_config, family)
     c = text_config
     H, V = int(c["hidden_size"]), int(c["vocab_size"])
     nh, nkv = int(c["num_attention_heads"]), int(c["num_key_value_heads"])
@@ -491,6 +528,37 @@ def config_tensors(text_config: dict, family: str = "qwen3_5", tied: bool = Fals
             I = int(c["intermediate_size"])
             shapes |= {p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H), p + "mlp.down_proj.weight": (H, I)}
     shapes |= expected_head_shapes(geometry_from_config(f"{family}_text", c))
+
+    def entry(name, shape):
+        n = math.prod(shape)
+        return TensorEntry(name=name, dtype="BF16", shape=tuple(shape), nbytes=2 * n, file="")
+
+    return [entry(n, s) for n, s in shapes.items()]
+
+
+def nextn_config_tensors(text_config: dict, family: str) -> list:
+    """The tensors a DeepSeek-V3 or GLM-4.5 checkpoint of this config holds (BF16, experts fused, untied; the NextN
+    layer without its copies of the embedding and lm_head), from the config alone: every target layer is the
+    NextN layer's decoder layer at its own index (dense MLP below first_k_dense_replace), less enorm / hnorm /
+    eh_proj / shared_head.norm. tests/test_cost.py checks it against real headers of tiny checkpoints."""
+    from dataclasses import replace
+
+    from .checkpoint import TensorEntry
+    from .families import FAMILIES, geometry_from_config, nextn_head_shapes
+
+    c = text_config
+    g = geometry_from_config(family, c)
+    H, V, L = g.hidden_size, g.vocab_size, g.layer_index
+    first = c.get("first_k_dense_replace", FAMILIES[family].first_k_dense_replace)
+    moe = g.moe if g.moe is not None else geometry_from_config(family, dict(c, first_k_dense_replace=0)).moe
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,), "lm_head.weight": (V, H)}
+    only_head = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight")
+    for i in range(L):
+        dense = i < first
+        layer = replace(g, layer_index=i, moe=None if dense else moe, intermediate_size=int(c["intermediate_size"]) if dense else None)
+        p = f"model.layers.{i}."
+        shapes |= {n: s for n, s in nextn_head_shapes(layer, "fused").items() if n[len(p):] not in only_head}
+    shapes |= nextn_head_shapes(g, "fused")
 
     def entry(name, shape):
         n = math.prod(shape)
@@ -551,7 +619,7 @@ def target_step(g: Geometry, batch: int, q: int, context: float, distinct: float
     conv = g.conv_dim * KV_BYTES * (max(g.conv_kernel - 1, 0) + q)
     state = batch * g.linear_layers * (g.state_bytes * (1 + q) + conv)
     flops = (2.0 * g.active_params * N
-             + N * g.full_layers * 4.0 * g.num_heads * g.head_dim * (context + (q + 1) / 2)
+             + N * g.full_layers * g.attention_flops_per_key * (context + (q + 1) / 2)
              + N * g.linear_layers * 6.0 * g.linear_value_heads * g.linear_key_dim * g.linear_value_dim)
     return weights + kv + state, flops
 
@@ -562,7 +630,7 @@ def draft_step(g: Geometry, batch: int, context: float) -> tuple[float, float]:
     weights = g.head_dense_bytes + g.lm_head_bytes + batch * g.embedding_row_bytes + g.head_expert_bytes * distinct
     kv = (batch * context + batch) * g.head_kv_bytes_per_token
     active = g.head_dense_params + g.lm_head_params + (g.top_k * g.head_expert_params if g.head_experts else 0)
-    flops = 2.0 * active * batch + batch * 4.0 * g.num_heads * g.head_dim * (context + 1)
+    flops = 2.0 * active * batch + batch * g.attention_flops_per_key * (context + 1)
     return weights + kv, flops
 
 
@@ -605,6 +673,52 @@ def roofline_times(g: Geometry, device: Device, batch: tuple[int, ...], q_max: i
               f"TFLOP/s dense), weights at {g.precision}, context {context:,.0f} tokens{experts_text}")
     return StepTimes(batch=tuple(batch), target=target, draft=draft, source="roofline", detail=detail, unit="s",
                      notes=tuple(notes), bound=bound, draft_bound=draft_bound, breakdown=tuple(breakdown))
+
+
+# ---------------------------------------------------------------------------------------------
+# 6b. A replay replica's memory (how many GPUs one replay of one session at a time needs)
+
+
+@dataclass(frozen=True)
+class ReplicaMemory:
+    """What one replay process holds for one session of `context` tokens, in bytes (an estimate: every term below).
+
+    weights       the target's and the head's weights at the replay's precision (a block-FP8 checkpoint is dequantised
+                  to the run's dtype today: checkpoint.py; "weights at FP8" is what keeping them FP8 would hold)
+    target_kv     the target's cache for the session: transformers' DynamicCache keeps MLA's latent and rope key
+                  (kv_lora_rank + qk_rope_head_dim per layer), GQA's keys and values (2 · nkv · d), at KV_BYTES
+    head_kv       the head's own cache: keys and values per head as mtp/head.py keeps them (MLA expanded:
+                  nh · (qk_head_dim + v_head_dim); GQA 2 · nkv · d), at KV_BYTES
+    transient     the largest short-lived tensor: transformers' MLA expands the whole cache of one layer to keys and
+                  values at every prefill chunk (nh · (qk_nope + v) per token, modeling_deepseek_v3.py:407-424),
+                  plus the head's and the target's vocabulary-sized blocks (mtp/head.py LOGITS_BUDGET, target.py's
+                  reduce_logits budget: 256 MiB of fp32 each) and one attention score block (ATTENTION_BUDGET)
+    """
+
+    weights: float
+    target_kv: float
+    head_kv: float
+    transient: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.target_kv + self.head_kv + self.transient
+
+    def gpus(self, gpu_bytes: float, usable: float = 0.9) -> int:
+        """GPUs of `gpu_bytes` one replica spans (`device_map auto` places whole layers; `usable` of each is left
+        after the CUDA context, allocator slack and the layers' uneven split)."""
+        return max(1, math.ceil(self.total / (gpu_bytes * usable)))
+
+
+def replica_memory(g: Geometry, context: float, head_kv_elements: int, expanded_kv_elements: int = 0,
+                   weight_bytes: float | None = None) -> ReplicaMemory:
+    """ReplicaMemory for a session of `context` tokens: head_kv_elements the head's cached elements per token (see
+    ReplicaMemory.head_kv), expanded_kv_elements the per-token keys and values transformers' MLA expands one layer's
+    cache into (0 for GQA); weight_bytes overrides g.weight_bytes (the weights at another precision)."""
+    budgets = 3 * (1 << 26) * 4  # logits blocks of the head and the target, one attention block, fp32
+    return ReplicaMemory(weights=float(g.weight_bytes if weight_bytes is None else weight_bytes),
+                         target_kv=context * g.kv_bytes_per_token, head_kv=context * head_kv_elements * KV_BYTES,
+                         transient=context * expanded_kv_elements * KV_BYTES + budgets)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,10 @@ the top-k of E routed experts plus the shared expert, in every MoE layer of the 
 head's MoE block, so routed-expert tensors are charged k/E of their bytes (for one token the
 expected number of distinct experts is E·(1-(1-k/E)^1) = k). Everything else (attention,
 linear attention, routers, shared experts, norms, embedding, lm_head) is charged in full.
-Answers at once on a 60 GB checkpoint: no tensor data is read.
+Answers at once on a 60 GB checkpoint: no tensor data is read. A NextN head (DeepSeek-V3, GLM-4.5) is the layer
+`model.layers.{L}.*`; its copies of the embedding and lm_head are listed apart (`copies`) and charged to no step:
+the engines run the target's. The KV cache a token costs (`kv_cache`) is the roofline's (cost.Geometry): MLA caches
+kv_lora_rank + qk_rope_head_dim per layer, GQA 2 · nkv · d.
 
 Precision rule (written down once): matrices (ndim >= 2) are stored at the precision's bits
 per weight; vectors (norms, biases, A_log, ...) stay at F32 in the GGUF k-quants and Q8_0, and
@@ -43,7 +46,8 @@ PRECISIONS: dict[str, tuple[float, float]] = {
 }
 F32 = (32.0, 32.0)  # what a float32 run reads (probe's roofline on CPU)
 # Matrices an FP8 release keeps in BF16.
-FP8_KEEPS_BF16 = ("embed_tokens.weight", "lm_head.weight", "mtp.fc.weight", ".mlp.gate.weight", ".shared_expert_gate.weight")
+FP8_KEEPS_BF16 = ("embed_tokens.weight", "lm_head.weight", "mtp.fc.weight", ".mlp.gate.weight", ".shared_expert_gate.weight",
+                  ".eh_proj.weight", ".shared_head.head.weight")  # NextN: DeepSeek-V3's FP8 release keeps eh_proj BF16
 
 
 def is_routed(name: str) -> bool:
@@ -92,6 +96,9 @@ class Inventory:
     expert_layout: str | None = None  # "fused" | "per_expert"
     quantization: Quantization | None = None
     numerics: str = ""
+    head_layer: str = "mtp"  # where the head lives: "mtp" or the NextN layer's "model.layers.{L}"
+    copies: list[TensorEntry] = ()  # a NextN layer's copies of the embedding / lm_head (read by no step)
+    kv_cache: dict | None = None  # bytes per token of the target's and the head's KV cache (cost.Geometry)
 
     @property
     def tied(self) -> bool:
@@ -157,13 +164,32 @@ def take_inventory(info: CheckpointInfo) -> Inventory:
             "moe_intermediate_size": g.moe.moe_intermediate_size,
             "shared_expert_intermediate_size": g.moe.shared_intermediate_size, "norm_topk_prob": g.moe.norm_topk_prob,
         }
+    if g.head == "nextn":  # keys added for the NextN families (the Qwen ones read as before)
+        readings |= {"head_layer": g.layer_index, "attention": g.attention}
+        if g.mla is not None:
+            readings |= {"q_lora_rank": g.mla.q_lora_rank, "kv_lora_rank": g.mla.kv_lora_rank,
+                         "qk_nope_head_dim": g.mla.qk_nope_head_dim, "qk_rope_head_dim": g.mla.qk_rope_head_dim,
+                         "v_head_dim": g.mla.v_head_dim}
+        else:
+            readings |= {"attention_bias": g.attention_bias, "use_qk_norm": g.qk_norm}
+        moe = g.moe or info.routing
+        readings |= {"routing": moe.routing, "n_group": moe.n_group, "topk_group": moe.topk_group,
+                     "routed_scaling_factor": moe.routed_scaling_factor}
+    from .cost import geometry_of_checkpoint
+
+    cost = geometry_of_checkpoint(info)
+    kv_cache = {"kind": "mla" if g.mla is not None else "gqa", "layers": cost.full_layers,
+                "elements_per_layer": cost.kv_elements, "target_bytes_per_token": cost.kv_bytes_per_token,
+                "head_bytes_per_token": cost.head_kv_bytes_per_token}
     return Inventory(
         model=str(info.path), model_type=info.model_type, layout=info.layout, config=readings,
-        head=[info.tensors[n] for n in info.head_names],
+        head=[info.tensors[n] for n in info.head_weights],
         embedding=info.tensors[info.embed_name], lm_head=info.tensors[info.lm_head_name],
         target=[info.tensors[n] for n in info.target_names],
         routing=routing, moe=g.moe, expert_layout=info.expert_layout, quantization=info.quantization,
         numerics=info.numerics("the run's dtype"),
+        head_layer="mtp" if g.head == "mtp" else info.head_prefix.rstrip("."),
+        copies=[info.tensors[n] for n in info.head_copies], kv_cache=kv_cache,
     )
 
 
@@ -181,7 +207,7 @@ def experts_summary(inv: Inventory, entries: list[TensorEntry]) -> dict:
     E, k = inv.routing
     routed = [e for e in entries if is_routed(e.name)]
     layers = {re.sub(r"\.mlp\.experts\..*$", "", e.name) for e in routed}
-    shared = [e for e in entries if ".mlp.shared_expert." in e.name]
+    shared = [e for e in entries if ".mlp.shared_expert." in e.name or ".mlp.shared_experts." in e.name]
     routed_bytes = sum(e.nbytes for e in routed)
     per_expert = routed_bytes / (E * len(layers)) if layers else 0
     return {
@@ -269,6 +295,9 @@ def inventory_json(inv: Inventory) -> dict:
             "storage": head_storage(inv),
         },
         "borrowed": borrowed,
+        "head_layer": inv.head_layer,
+        "copies": [tensor(e, "not read: the engines run the target's") for e in inv.copies],
+        "kv_cache": inv.kv_cache,
         "target": {"tensors": len(inv.target), "params": sum(e.numel for e in inv.target), "bytes": inv.target_bytes(),
                    "step_bytes": inv.target_step_bytes(), "active_params": inv.active_params(inv.target)},
         "experts": experts,

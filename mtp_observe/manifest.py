@@ -74,7 +74,7 @@ def identity(info, files, opts, dtype, device: str, ranks, fallback, fallback_na
     """What a resumed run must share with the interrupted one for its rows to be the same (tables.py).
     info None: a model-free replay, which depends on the tokenizer and the end-of-turn ids alone."""
     from . import __version__
-    from .checkpoint import tokenizer_sha256, weights_fingerprint
+    from .checkpoint import reading_for, tokenizer_sha256, weights_fingerprint
     from .sessions import input_name
 
     path = info.path if info is not None else Path(model_dir)
@@ -95,6 +95,7 @@ def identity(info, files, opts, dtype, device: str, ranks, fallback, fallback_na
         "recorded_with": opts.recorded_with,
         "drafters": roster.manifest(),
         "target_ran": info is not None,
+        "head_reading": reading_for(info, opts.head_engine).as_dict() if info is not None else None,
         "inputs": [{"path": input_name(f), "sha256": sha256_file(f)} for f in files],
         "options": {"chunk_size": opts.chunk_size, "on_error": opts.on_error, "max_sessions": opts.max_sessions,
                     "device_map": opts.device_map},
@@ -155,6 +156,7 @@ def start_manifest(out: Path, opts, info, identity: dict, bundled: bool, world: 
     import transformers
 
     from . import __version__, tables
+    from .checkpoint import compare_copies
     from .cost import geometry_of_checkpoint
     from .errors import RunDirectoryError
     from .inventory import take_inventory
@@ -183,6 +185,7 @@ def start_manifest(out: Path, opts, info, identity: dict, bundled: bool, world: 
             "roofline": inventory.roofline(precision),
             "roofline_by_precision": {p: inventory.draft_cost(p) for p in ["stored", "BF16", "FP8", "Q8_0", "Q6_K", "Q4_K"]},
             "cost_geometry": geometry_of_checkpoint(info).as_dict(),
+            "head_copies": compare_copies(info),
             "generation_config": generation.as_dict() if generation is not None else None,
             **text_config_limits(info.text_config),
         }

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointInfo, load_head_tensors, load_target, read_checkpoint
+from .checkpoint import CheckpointInfo, load_head_tensors, load_target, read_checkpoint, reading_for
 from .errors import CheckpointError, OptionError
 from .manifest import COUNT_KEYS, MAX_KEYS, finish_manifest, identity, start_manifest
 from .mtp import MtpHead, build_head
@@ -81,10 +81,12 @@ class LoadedModel:
 
 
 def load_model(model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
-               device_map: str | None = None) -> LoadedModel:
+               device_map: str | None = None, head_engine: str = "vllm") -> LoadedModel:
     """device_map ("auto", accelerate) spreads a target too large for one device over all visible ones;
-    the head then sits with the lm_head on the last device."""
+    the head then sits with the lm_head on the last device. head_engine: whose reading of the head to run where
+    the engines differ (families.head_reading; NextN heads only): "vllm" (0.33) or "sglang" (0.5.23)."""
     info = read_checkpoint(model_dir)
+    reading = reading_for(info, head_engine)
     if device_map is not None:
         try:
             import accelerate  # noqa: F401
@@ -93,7 +95,7 @@ def load_model(model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = 
     target = load_target(info, device=device, dtype=dtype, device_map=device_map)
     head = build_head(
         info.geometry, load_head_tensors(info, device=str(target.lm_head.weight.device), dtype=dtype),
-        embed_tokens=target.model.embed_tokens.weight, lm_head=target.lm_head.weight,
+        embed_tokens=target.model.embed_tokens.weight, lm_head=target.lm_head.weight, reading=reading,
     )
     return LoadedModel(info=info, target=target, head=head, device=device, dtype=dtype)
 
@@ -115,6 +117,7 @@ class ReplayOptions:
     resume: bool = False
     overwrite: bool = False
     device_map: str | None = None  # "auto": spread the target over every visible GPU (accelerate)
+    head_engine: str = "vllm"  # --head-reading: whose reading of the head to replay (families.head_reading)
     template: object = None  # rendering.TemplateOverrides: --chat-template / --template-kwargs (None: the checkpoint's)
     drafters: tuple = ("mtp",)  # --drafters, drafters.roster names in the order given
     ngram: object = None  # drafters.ngram.NgramConfig (--ngram MIN,MAX); None: vLLM's defaults
@@ -552,7 +555,8 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
     try:
         # 2. This rank's sessions.
         try:
-            model = load_model(model_dir, device=device, dtype=dtype, device_map=opts.device_map) if not model_free else None
+            model = load_model(model_dir, device=device, dtype=dtype, device_map=opts.device_map,
+                               head_engine=opts.head_engine) if not model_free else None
             result = _replay_sessions(files, out, opts, model, ranks, observer, fallback, roster, model_dir)
         except BaseException as e:  # every rank must reach the gather below, whatever happened here
             result = {"failure": e}

@@ -256,14 +256,15 @@ def batched_target_forward(target, ids: torch.Tensor, cache) -> torch.Tensor:
 class HeadKv:
     """The head's KV for B sequences, each its own copy of rows 0..P-1, with one free slot (P) for the new row."""
 
-    keys: torch.Tensor  # [B, nkv, P + 1, d]
-    values: torch.Tensor  # [B, nkv, P + 1, d]
+    keys: torch.Tensor  # [B, nkv, P + 1, dk]
+    values: torch.Tensor  # [B, nkv, P + 1, dv]
 
 
 def head_kv(rows, prefix: int, batch: int) -> HeadKv:
-    keys = rows.keys[:, :prefix]  # [nkv, P, d]
-    nkv, _, d = keys.shape
-    out = HeadKv(keys=keys.new_zeros(batch, nkv, prefix + 1, d), values=keys.new_zeros(batch, nkv, prefix + 1, d))
+    keys = rows.keys[:, :prefix]  # [nkv, P, dk]
+    nkv, _, dk = keys.shape
+    dv = rows.values.shape[-1]
+    out = HeadKv(keys=keys.new_zeros(batch, nkv, prefix + 1, dk), values=keys.new_zeros(batch, nkv, prefix + 1, dv))
     out.keys[:, :, :prefix] = keys[None]
     out.values[:, :, :prefix] = rows.values[None, :, :prefix]
     return out
@@ -279,12 +280,12 @@ def batched_draft_step(head, kv: HeadKv, hidden: torch.Tensor, tokens: torch.Ten
     from .mtp import LOGITS_BUDGET
 
     P = kv.keys.shape[2] - 1
-    z = head.fc_input(hidden, tokens.to(head.device))
-    query, gate, key, value = head.attention_inputs(z, positions.to(head.device))  # query [nh, B, d], key [nkv, B, d]
+    z = head.fc_input(hidden, tokens.to(head.device), positions.to(head.device))
+    query, gate, key, value = head.attention_inputs(z, positions.to(head.device))  # query [nh, B, dk], key [nkv, B, dk]
     kv.keys[:, :, P] = key.transpose(0, 1)
     kv.values[:, :, P] = value.transpose(0, 1)
     attn = F.scaled_dot_product_attention(query.transpose(0, 1)[:, :, None], kv.keys, kv.values, enable_gqa=True,
-                                          scale=head.geometry.head_dim ** -0.5)  # [B, nh, 1, d]
+                                          scale=head.attention.scale)  # [B, nh, 1, dv]
     states = head.finish_row(z, attn[:, :, 0].transpose(0, 1), gate)
     ids, lps = head._argmax_chunked(states, LOGITS_BUDGET)
     return states, ids, lps

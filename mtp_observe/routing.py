@@ -1,7 +1,8 @@
 """The routing: which routed experts the target's own router picks on the replayed traffic.
 
 Contract: `RouterRecorder(target, q_max)` hooks every MoE router of a transformers target
-(Qwen3_5MoeTopKRouter, Qwen3NextTopKRouter: modules returning (logits, weights, indices)) and, per
+(Qwen3_5MoeTopKRouter, Qwen3NextTopKRouter, DeepseekV3TopkRouter, Glm4MoeTopkRouter: modules returning (logits,
+weights, indices)) and, per
 request, keeps the top-k expert indices of the positions the prefill computed. `end_request(start,
 spans)` adds that request's window sums; `take()` returns one session's sums and starts the next:
 
@@ -27,8 +28,10 @@ from torch import Tensor
 
 
 def is_router(module) -> bool:
-    """A transformers MoE top-k router (returns router logits, routing weights, expert indices)."""
-    return type(module).__name__.endswith("TopKRouter") and hasattr(module, "top_k") and hasattr(module, "num_experts")
+    """A transformers MoE top-k router (returns router logits, routing weights, expert indices): Qwen's `...TopKRouter`,
+    DeepSeek-V3's and GLM-4.5's `...TopkRouter` (modeling_deepseek_v3.py:120-158, modeling_glm4_moe.py:269-307)."""
+    name = type(module).__name__
+    return name.lower().endswith("topkrouter") and hasattr(module, "top_k") and hasattr(module, "num_experts")
 
 
 def window_hits(indices: Tensor, experts: int, q_max: int) -> tuple[Tensor, Tensor]:

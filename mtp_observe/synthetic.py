@@ -17,6 +17,13 @@ Families (SyntheticSpec.family), with the released configs' key sets:
   qwen3_next   Qwen3-Next-80B-A3B-style: text-only, flat rope_theta / partial_rotary_factor,
                full_attention_interval instead of layer_types, decoder_sparse_step, mlp_only_layers,
                norm_topk_prob, a dense intermediate_size beside the MoE numbers, untied lm_head
+  deepseek_v3  DeepSeek-V3-style: text-only, MLA (q_lora_rank, kv_lora_rank, qk_nope / qk_rope / v head dims),
+               yarn rope_scaling as released (factor 40, mscale 1, mscale_all_dim 1), noaux_tc sigmoid routing in
+               groups with routed_scaling_factor, first_k_dense_replace, and the NextN layer at
+               `model.layers.{num_hidden_layers}` (enorm, hnorm, eh_proj, the decoder layer, shared_head.norm,
+               the copies embed_tokens / shared_head.head as released, or absent, or distinct: nextn_copies)
+  glm4_moe     GLM-4.5-style: text-only, GQA with q/k/v bias, qk-norm, partial_rotary_factor 0.5, the same router
+               (one group) and the same NextN layout
 Routed experts are written fused (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj`
 [E, H, I], no `.weight`: the Qwen3.5-MoE BF16 releases) or per expert
 (`experts.{e}.{gate,up,down}_proj.weight`: Qwen3-Next and the FP8 releases), for the target
@@ -123,11 +130,15 @@ FAMILY_CONFIG = {
     "qwen3_5_moe": {"vlm": ("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe_text", "qwen3_5_moe_vision"),
                     "text": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM")},
     "qwen3_next": {"text": ("qwen3_next", "Qwen3NextForCausalLM")},
+    "deepseek_v3": {"text": ("deepseek_v3", "DeepseekV3ForCausalLM")},
+    "glm4_moe": {"text": ("glm4_moe", "Glm4MoeForCausalLM")},
 }
+NEXTN = ("deepseek_v3", "glm4_moe")
 FP8_BLOCK = (128, 128)
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 # Modules a block-FP8 release quantises (attention, MLP, experts, shared expert, linear attention's big projections).
 FP8_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "gate_up_proj",
+               "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj",
                "in_proj_qkv", "in_proj_z", "in_proj_qkvz", "out_proj")
 
 
@@ -207,6 +218,7 @@ def save_checkpoint(
     text_state: dict[str, Tensor],
     lm_head: Tensor | None,
     head_state: dict[str, Tensor],
+    head_prefix: str = "mtp.",
     layout: str = "vlm",
     tie_word_embeddings: bool = False,
     vision: tuple[dict, dict[str, Tensor]] | None = None,
@@ -221,7 +233,7 @@ def save_checkpoint(
     text_state: the language model's weights named as in transformers' text model ("embed_tokens.weight",
     "layers.0...", "norm.weight"; experts fused); head_state: the head's weights without the "mtp." prefix
     (experts fused); lm_head: [V, H] or None when tied; vision: (vision_config, weights named as in the
-    vision model) for the VLM layout. expert_layout "per_expert" splits the target's and the head's experts;
+    vision model) for the VLM layout; head_prefix: "mtp." or a NextN layer's "model.layers.{L}.". expert_layout "per_expert" splits the target's and the head's experts;
     fp8_scale_dtype (torch.float32 or torch.bfloat16) writes a block-FP8 checkpoint.
     """
     assert layout in FAMILY_CONFIG[family], (family, layout)
@@ -233,7 +245,7 @@ def save_checkpoint(
     tensors: dict[str, Tensor] = {prefix + k: v for k, v in text_state.items()}
     if lm_head is not None:
         tensors["lm_head.weight"] = lm_head
-    tensors |= {"mtp." + k: v for k, v in head_state.items()}
+    tensors |= {head_prefix + k: v for k, v in head_state.items()}
     if expert_layout == "per_expert":
         tensors = split_experts(tensors)
     text_config = dict(text_config, tie_word_embeddings=tie_word_embeddings)
@@ -387,7 +399,7 @@ class SyntheticSpec:
     dtype: str = "float32"
     tokenizer_vocab: int = 990  # the tokenizer may be smaller than the embedding, as in Qwen3.5
     extra: dict = field(default_factory=dict)  # extra text-config keys
-    family: str = "qwen3_5"  # "qwen3_5" (dense) | "qwen3_5_moe" | "qwen3_next"
+    family: str = "qwen3_5"  # "qwen3_5" (dense) | "qwen3_5_moe" | "qwen3_next" | "deepseek_v3" | "glm4_moe"
     num_experts: int = 8
     num_experts_per_tok: int = 2
     moe_intermediate_size: int = 48
@@ -396,6 +408,19 @@ class SyntheticSpec:
     expert_layout: str | None = None  # "fused" | "per_expert"; None: as released (fused for Qwen3.5-MoE, per expert for Qwen3-Next)
     quantization: str | None = None  # "fp8": block-FP8, 128x128 blocks
     scale_dtype: str = "float32"  # of weight_scale_inv: "float32" | "bfloat16"
+    # NextN families (DeepSeek-V3, GLM-4.5); None: as released for the family
+    q_lora_rank: int | None = 24
+    kv_lora_rank: int = 16
+    qk_nope_head_dim: int = 16
+    qk_rope_head_dim: int = 8
+    v_head_dim: int = 16
+    n_group: int | None = None  # None: DeepSeek 4 (two experts a group), GLM 1
+    topk_group: int | None = None  # None: DeepSeek 2, GLM 1
+    routed_scaling_factor: float = 2.5
+    first_k_dense_replace: int = 1
+    n_shared_experts: int = 1
+    use_qk_norm: bool = True  # GLM-4.5 (355B) true, GLM-4.5-Air false
+    nextn_copies: str = "copy"  # the NextN layer's embed_tokens / shared_head.head: "copy" | "absent" | "distinct"
 
     @property
     def moe(self) -> bool:
@@ -403,13 +428,20 @@ class SyntheticSpec:
 
     @property
     def stored_expert_layout(self) -> str:
-        return self.expert_layout or ("per_expert" if self.family == "qwen3_next" or self.quantization else "fused")
+        per_expert = self.family in ("qwen3_next", *NEXTN) or self.quantization
+        return self.expert_layout or ("per_expert" if per_expert else "fused")
 
     @property
     def model_type(self) -> str:
         return FAMILY_CONFIG[self.family][self.layout][0]
 
+    @property
+    def nextn(self) -> bool:
+        return self.family in NEXTN
+
     def text_config(self) -> dict:
+        if self.nextn:
+            return self._nextn_text_config() | self.extra
         rotary = int(self.head_dim * self.partial_rotary_factor)
         half = rotary // 2
         mrope = [half - 2 * (half // 3), half // 3, half // 3]  # three equal streams for text; sums to rotary/2
@@ -454,29 +486,75 @@ class SyntheticSpec:
         return dims | self.extra
 
 
+    def _nextn_text_config(self) -> dict:
+        """The released DeepSeek-V3 / GLM-4.5 config.json's keys (docs/nextn.md), at this spec's sizes."""
+        deepseek = self.family == "deepseek_v3"
+        common = {
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+            "moe_intermediate_size": self.moe_intermediate_size, "num_hidden_layers": self.num_hidden_layers,
+            "num_nextn_predict_layers": 1, "first_k_dense_replace": self.first_k_dense_replace,
+            "n_routed_experts": self.num_experts, "num_experts_per_tok": self.num_experts_per_tok,
+            "n_shared_experts": self.n_shared_experts,
+            "n_group": self.n_group if self.n_group is not None else (4 if deepseek else 1),
+            "topk_group": self.topk_group if self.topk_group is not None else (2 if deepseek else 1),
+            "norm_topk_prob": True if self.norm_topk_prob is None else self.norm_topk_prob,
+            "routed_scaling_factor": self.routed_scaling_factor, "num_attention_heads": self.num_attention_heads,
+            "hidden_act": "silu", "initializer_range": self.initializer_range, "attention_dropout": 0.0,
+            "use_cache": True, "dtype": self.dtype,
+        }
+        if deepseek:
+            return common | {
+                "num_key_value_heads": self.num_attention_heads, "q_lora_rank": self.q_lora_rank,
+                "kv_lora_rank": self.kv_lora_rank, "qk_nope_head_dim": self.qk_nope_head_dim,
+                "qk_rope_head_dim": self.qk_rope_head_dim, "v_head_dim": self.v_head_dim, "moe_layer_freq": 1,
+                "topk_method": "noaux_tc", "scoring_func": "sigmoid", "attention_bias": False, "rms_norm_eps": 1e-6,
+                "max_position_embeddings": 163840, "rope_theta": self.rope_theta, "ep_size": 1,
+                "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                                 "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+            }
+        return common | {
+            "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim, "partial_rotary_factor": 0.5,
+            "attention_bias": True, "use_qk_norm": self.use_qk_norm, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
+            "rope_scaling": None, "max_position_embeddings": 131072,
+        }
+
+
 def random_head_state(spec: SyntheticSpec, generator: torch.Generator) -> dict[str, Tensor]:
-    """The head's tensors (experts fused), random: matrices ~ N(0, 1/fan_in), norms visibly non-zero."""
-    from .families import expected_head_shapes, geometry_from_config
+    """The head's tensors (experts fused, names without the head's prefix), random: matrices ~ N(0, 1/fan_in),
+    norms visibly away from their neutral value (0 for a zero-centred norm, 1 for a plain one), so (1 + w) and w
+    differ; biases small, the correction bias big enough to move the experts chosen."""
+    from .families import expected_head_shapes, geometry_from_config, head_names
 
     g = geometry_from_config(spec.model_type, spec.text_config())
+    prefix = head_names(g).prefix
+    base = 1.0 if g.norm == "plain" else 0.0
     state = {}
     for name, shape in expected_head_shapes(g).items():
-        if len(shape) == 1:  # norms: visibly non-zero, so (1 + w) and w differ
-            t = torch.rand(shape, generator=generator) - 0.5
+        if name.endswith("e_score_correction_bias"):
+            t = (torch.rand(shape, generator=generator) - 0.5) * 0.6
+        elif name.endswith(".bias"):
+            t = torch.randn(shape, generator=generator) * 0.1
+        elif len(shape) == 1:  # norms
+            t = base + torch.rand(shape, generator=generator) - 0.5
         else:
             t = torch.randn(shape, generator=generator) * (1.0 / shape[-1] ** 0.5)
-        state[name[len("mtp."):]] = t
+        state[name[len(prefix):]] = t
     return state
 
 
+TRANSFORMERS_CLASSES = {"qwen3_5": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"),
+                        "qwen3_5_moe": ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig"),
+                        "qwen3_next": ("Qwen3NextForCausalLM", "Qwen3NextConfig"),
+                        "deepseek_v3": ("DeepseekV3ForCausalLM", "DeepseekV3Config"),
+                        "glm4_moe": ("Glm4MoeForCausalLM", "Glm4MoeConfig")}
+
+
 def random_target(spec: SyntheticSpec):
-    """A randomly initialised transformers causal LM of the spec's family with visibly non-zero norm weights."""
+    """A randomly initialised transformers causal LM of the spec's family with visibly non-zero norm weights
+    (and, for the NextN families, a visibly non-zero correction bias in every router)."""
     import transformers
 
-    classes = {"qwen3_5": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"),
-               "qwen3_5_moe": ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig"),
-               "qwen3_next": ("Qwen3NextForCausalLM", "Qwen3NextConfig")}
-    model_class, config_class = (getattr(transformers, n) for n in classes[spec.family])
+    model_class, config_class = (getattr(transformers, n) for n in TRANSFORMERS_CLASSES[spec.family])
     cfg = spec.text_config()
     cfg = {k: v for k, v in cfg.items() if not k.startswith("mtp_")}
     torch.manual_seed(spec.seed)
@@ -485,9 +563,25 @@ def random_target(spec: SyntheticSpec):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                base = 1.0 if ".linear_attn.norm." in name else 0.0  # the gated norm is plain x * w
-                p.copy_(base + torch.rand(p.shape, generator=gen) - 0.5)
+                plain = spec.nextn or ".linear_attn.norm." in name  # the gated norm is plain x * w
+                p.copy_((1.0 if plain else 0.0) + torch.rand(p.shape, generator=gen) - 0.5)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_((torch.rand(b.shape, generator=gen) - 0.5) * 0.6)
     return model
+
+
+def nextn_copies(spec: SyntheticSpec, embedding: Tensor, lm_head: Tensor) -> dict[str, Tensor]:
+    """The NextN layer's copies of the embedding and lm_head: as released (equal copies), absent (GLM-4.6), or
+    distinct (a separately trained head, which the engines would still replace by the target's)."""
+    if spec.nextn_copies == "absent":
+        return {}
+    if spec.nextn_copies == "copy":
+        return {"embed_tokens.weight": embedding.clone(), "shared_head.head.weight": lm_head.clone()}
+    assert spec.nextn_copies == "distinct", spec.nextn_copies
+    gen = torch.Generator().manual_seed(spec.seed + 3)
+    return {"embed_tokens.weight": torch.randn(embedding.shape, generator=gen).to(embedding.dtype) * embedding.std(),
+            "shared_head.head.weight": torch.randn(lm_head.shape, generator=gen).to(lm_head.dtype) * lm_head.std()}
 
 
 def write_synthetic_checkpoint(directory: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> Path:
@@ -497,12 +591,16 @@ def write_synthetic_checkpoint(directory: str | Path, spec: SyntheticSpec = Synt
     text_state = {k[len("model."):]: v.detach().to(dtype) for k, v in model.state_dict().items() if k.startswith("model.")}
     lm_head = None if spec.tie_word_embeddings else model.lm_head.weight.detach().to(dtype)
     head = {k: v.to(dtype) for k, v in random_head_state(spec, torch.Generator().manual_seed(spec.seed + 2)).items()}
+    head_prefix = "mtp."
+    if spec.nextn:
+        head_prefix = f"model.layers.{spec.num_hidden_layers}."
+        head |= nextn_copies(spec, text_state["embed_tokens.weight"], lm_head)
     tok = train_tokenizer(_default_corpus(), spec.tokenizer_vocab)
     eos = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
     text_config = dict(spec.text_config(), eos_token_id=eos[0], pad_token_id=eos[1])
     assert spec.quantization in (None, "fp8"), spec.quantization
     out = save_checkpoint(
-        directory, text_config=text_config, text_state=text_state, lm_head=lm_head, head_state=head,
+        directory, text_config=text_config, text_state=text_state, lm_head=lm_head, head_state=head, head_prefix=head_prefix,
         layout=spec.layout, tie_word_embeddings=spec.tie_word_embeddings, shards=spec.shards, eos_token_ids=eos,
         family=spec.family, expert_layout=spec.stored_expert_layout,
         fp8_scale_dtype=getattr(torch, spec.scale_dtype) if spec.quantization == "fp8" else None,

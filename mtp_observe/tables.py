@@ -1,4 +1,4 @@
-"""The tables: the run directory's public contract (schema_version 2) and its atomic writing.
+"""The tables: the run directory's public contract (schema_version 3) and its atomic writing.
 
 Contract (PRODUCT.md): a run directory holds
 
@@ -31,6 +31,19 @@ each session was scored with (`recorded_sampling`), the profiles' penalties and 
 Within version 2 (keys only added): every drafter on the same anchors — run.json `drafters` and `target_ran`,
 positions.parquet `drafter` and `draft_k` (below). A run without them is an mtp-only run (`drafters` absent:
 {"mtp"}, `target_ran` absent: true), so older version-2 and version-1 runs read as before.
+
+Version 3 (this round's additions; keys only added, so version-2 and version-1 runs read as before, the report
+noting what they lack):
+    head_reading        run.json: which engine's reading of the head the run replayed (`replay --head-reading`,
+                        families.HeadReading): {"engine": "vllm" | "sglang", "engine_version", "zero_position_0_embedding",
+                        "fed_back_state": "post_norm" | "pre_norm", "nextn_mlp": null | "by_layer_index" | "moe"};
+                        null for a model-free replay. Part of the run's identity (--resume needs the same). A run
+                        without it replayed a Qwen head, which vLLM and SGLang read alike
+    model.head_copies   run.json: a NextN layer's copies of the target's embedding and lm_head compared with the
+                        target's, {"embed_tokens.weight": "equal" | "differs" | "absent", "shared_head.head.weight":
+                        ...}; null for a Qwen head (it ships none). The replay runs the target's either way, as both
+                        engines do
+    model.cost_geometry gains "kv_width" and "attention_width" (cost.Geometry; 0 for GQA: 2 · nkv · d and 2 · d)
 
 Drafters (`replay --drafters mtp,ngram,suffix,hybrid,hybrid_longer`; drafters/roster.py):
     positions.parquet, when the run has any drafter besides mtp (an mtp-only run is written without them):
@@ -67,7 +80,7 @@ Added within version 2 (optional keys; a run without them reads as before): requ
 and run.json `model.cost_geometry`, for the speedup by batch size (cost.py).
 
 run.json keys:
-    schema_version      2 (version-1 runs are read too; they lack the keys marked "v2": among them
+    schema_version      3 (version-1 and -2 runs are read too; they lack the keys marked "v2" / "Version 3": among them
                         model.weights_fingerprint, model.generation_config_sha256, options.device_map)
     tool                {"name": "mtp-observe", "version": str}
     created, finished   ISO-8601 UTC strings (finished null while running)
@@ -163,7 +176,7 @@ import pyarrow.parquet as pq
 
 from .errors import RunDirectoryError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SEGMENTS = ["reasoning", "text", "tool_call", "end"]
 
 REQUESTS_SCHEMA = pa.schema(

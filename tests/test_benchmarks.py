@@ -69,3 +69,29 @@ def test_the_fp8_distance_benchmark_compares_an_fp8_copy_with_the_original(make_
     result = json.loads(out.read_text())
     assert result["rows"] > 100 and 0 < result["target_tokens_equal"] <= 1 and 0 < result["drafts_equal"] <= 1
     assert result["max_abs_d_target_logprob"] > 0  # FP8 is lossy: the copy is not the original
+
+
+def test_the_nextn_roofline_at_real_sizes_matches_the_published_parameters_and_needs_more_than_a_node_in_bf16():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import nextn_roofline as bench
+    finally:
+        sys.path.pop(0)
+    ds = bench.figures("DeepSeek-V3", "h200", 4096, 3)
+    bf16, fp8 = ds["precisions"]["BF16"], ds["precisions"]["FP8"]
+    head = bf16["head_params"]
+    assert abs(head - 11.6e9) < 0.1e9  # README_WEIGHTS.md: 11.5B unique, without the shared embedding and head
+    assert abs((bf16["total_params"] - head) / 671e9 - 1) < 0.01 and abs(bf16["active_params"] / 37e9 - 1) < 0.02
+    assert bf16["kv_bytes_per_token"] == 61 * (512 + 64) * 2  # MLA's latent and rope key, BF16, every layer
+    assert 0.49 < fp8["weight_bytes"] / bf16["weight_bytes"] < 0.52  # FP8 keeps the embedding, lm_head, eh_proj BF16
+    assert bf16["replica_as_replayed"]["gpus"]["H200 141 GB"] == 11  # more than one 8-GPU node: FP8 is dequantised
+    assert fp8["replica_weights_kept"]["gpus"]["H200 141 GB"] == 6
+    for s in bf16["steps"]:
+        assert s["draft_ms"] < s["decode_ms"] <= s["verify_ms"]
+    for name in ("GLM-4.5", "GLM-4.5-Air"):
+        f = bench.figures(name)
+        p = f["precisions"]["BF16"]
+        total, active = f["published_params"]
+        assert f["unconfirmed_config"] and abs((p["total_params"] - p["head_params"]) / total - 1) < 0.02
+        assert abs(p["active_params"] / active - 1) < 0.08
+    assert "| B | decode (ms) |" in bench.markdown(ds)

@@ -311,3 +311,19 @@ def test_the_readmes_cpu_probe_table_is_flagged_as_cpu_and_its_schedule_is_its_b
         assert k == best_k(speedups)
     line = next(x for x in section.splitlines() if x.startswith("num_speculative_tokens_per_batch_size:"))
     assert json.loads(line.split(":", 1)[1]) == schedule(batch, ks)
+
+
+def test_the_roofline_charges_mlas_latent_cache_and_its_absorbed_attention(make_checkpoint):
+    from mtp_observe.cost import draft_step, target_step
+
+    info = read_checkpoint(make_checkpoint(family="deepseek_v3", layout="text"))
+    g = geometry_of_checkpoint(info)
+    kv_lora, rope, nh, layers = 16, 8, 4, 4
+    assert (g.kv_width, g.attention_width, g.full_layers) == (kv_lora + rope, 2 * kv_lora + rope, layers)
+    b0, f0 = target_step(g, 2, 3, 0, 2.0)
+    b1, f1 = target_step(g, 2, 3, 1000, 2.0)
+    assert b1 - b0 == 2 * 1000 * layers * (kv_lora + rope) * 2  # B·C cached tokens read, BF16 latent + rope key
+    assert f1 - f0 == pytest.approx(2 * 3 * layers * 2 * nh * (2 * kv_lora + rope) * 1000)  # N tokens × C keys
+    d0, _ = draft_step(g, 1, 0)
+    d1, _ = draft_step(g, 1, 1000)
+    assert d1 - d0 == 1000 * (kv_lora + rope) * 2  # the head's one layer

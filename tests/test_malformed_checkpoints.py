@@ -278,3 +278,84 @@ def test_a_malformed_checkpoint_is_one_line_and_exit_2_or_accepted_and_correct(t
 def test_the_corpus_holds_at_least_thirty_kinds():
     assert len(KINDS) >= 30
     assert len({k.needles[0] for k in KINDS.values()}) >= 10  # many different files named
+
+
+# --- the NextN families' config keys and layer (DeepSeek-V3 and GLM-4.5 tiny checkpoints) -------------------------
+
+NEXTN_LAYER = "model.layers.4."
+
+
+def nextn_config(**values):
+    def edit(cfg):
+        for key, value in values.items():
+            if value is _DELETE:
+                cfg.pop(key)
+            else:
+                cfg[key] = value
+    return config(edit)
+
+
+def merged_tensors(fn):
+    """Every shard's tensors in one model.safetensors, edited by fn(tensors)."""
+    def apply(d: Path):
+        t = {}
+        for f in sorted(d.glob("*.safetensors")):
+            t |= load_file(str(f))
+            f.unlink()
+        (d / "model.safetensors.index.json").unlink(missing_ok=True)
+        fn(t)
+        save_file(t, str(d / "model.safetensors"), metadata={"format": "pt"})
+    return apply
+
+
+def drop_layer(t):
+    for name in [n for n in t if n.startswith(NEXTN_LAYER)]:
+        t.pop(name)
+
+
+NEXTN_KINDS: dict[str, tuple[str, object, tuple[str, ...]]] = {  # family, edit, needles
+    "scoring_func softmax": ("deepseek_v3", nextn_config(scoring_func="softmax"), ("config.json", "scoring_func is 'softmax'", "not 'sigmoid'")),
+    "topk_method missing": ("deepseek_v3", nextn_config(topk_method=_DELETE), ("config.json", "topk_method is None", "noaux_tc")),
+    "moe_layer_freq 2": ("deepseek_v3", nextn_config(moe_layer_freq=2), ("config.json", "moe_layer_freq is 2", "vLLM honours it")),
+    "n_group does not divide the experts": ("deepseek_v3", nextn_config(n_group=3), ("config.json", "n_group (3) does not divide n_routed_experts (8)")),
+    "topk_group over n_group": ("deepseek_v3", nextn_config(topk_group=5), ("config.json", "topk_group is 5, more than n_group (4)")),
+    "more experts per token than the kept groups hold": ("deepseek_v3", nextn_config(num_experts_per_tok=5), ("config.json", "num_experts_per_tok is 5", "4 experts")),
+    "rope_interleave false": ("deepseek_v3", nextn_config(rope_interleave=False), ("config.json", "rope_interleave is false")),
+    "MLA with attention_bias": ("deepseek_v3", nextn_config(attention_bias=True), ("config.json", "attention_bias is true", "no bias")),
+    "routed_scaling_factor missing": ("deepseek_v3", nextn_config(routed_scaling_factor=_DELETE), ("config.json", "routed_scaling_factor is absent", "1.0", "2.5")),
+    "linear rope scaling": ("deepseek_v3", nextn_config(rope_scaling={"type": "linear", "factor": 2.0}), ("config.json", "'linear'", "deepseek_yarn")),
+    "yarn attention_factor": ("deepseek_v3", config(lambda c: c["rope_scaling"].update(attention_factor=1.0)), ("config.json", "attention_factor")),
+    "two NextN layers": ("deepseek_v3", nextn_config(num_nextn_predict_layers=2), ("config.json", "num_nextn_predict_layers is 2")),
+    "no shared experts": ("glm4_moe", nextn_config(n_shared_experts=0), ("config.json", "n_shared_experts is 0")),
+    "kv_lora_rank disagrees with the weights": ("deepseek_v3", nextn_config(kv_lora_rank=12), ("kv_a_proj_with_mqa.weight", "expected [20, 64]")),
+    "GLM head_dim disagrees with the weights": ("glm4_moe", nextn_config(head_dim=16), ("self_attn.q_proj.weight", "expected [64, 64]")),
+    "no NextN layer": ("deepseek_v3", merged_tensors(drop_layer), ("no NextN layer", "model.layers.4.", "quantized without including")),
+    "correction bias missing": ("glm4_moe", merged_tensors(lambda t: t.pop(NEXTN_LAYER + "mlp.gate.e_score_correction_bias")),
+                                ("mlp.gate.e_score_correction_bias", "missing", "expected shape [8]")),
+    "misshapen shared_head.head copy": ("deepseek_v3", merged_tensors(lambda t: t.__setitem__(
+        NEXTN_LAYER + "shared_head.head.weight", t[NEXTN_LAYER + "shared_head.head.weight"][:1000].clone())),
+        ("shared_head.head.weight", "[1000, 64]", "a copy of the target's")),
+    "a second NextN layer's tensor": ("glm4_moe", merged_tensors(lambda t: t.__setitem__("model.layers.5.enorm.weight", t[NEXTN_LAYER + "enorm.weight"].clone())),
+                                      ("model.layers.5.enorm.weight", "second NextN layer")),
+    "a tensor no NextN layer has": ("glm4_moe", merged_tensors(lambda t: t.__setitem__(NEXTN_LAYER + "mlp.shared_expert_gate.weight", t[NEXTN_LAYER + "enorm.weight"][None].clone())),
+                                    ("mlp.shared_expert_gate.weight", "not part of a moe glm4_moe NextN layer")),
+}
+
+
+@pytest.mark.parametrize("kind", list(NEXTN_KINDS))
+def test_a_malformed_nextn_checkpoint_is_one_line_and_exit_2(make_checkpoint, tmp_path, kind):
+    family, edit, needles = NEXTN_KINDS[kind]
+    d = tmp_path / "checkpoint"
+    shutil.copytree(make_checkpoint(family=family, layout="text"), d)
+    edit(d)
+    sessions = write_sessions(tmp_path / "s.jsonl", [SESSION])
+    lines = set()
+    for argv in (["inspect", str(d), "--json"],
+                 ["replay", str(sessions), "--model", str(d), "--out", str(tmp_path / "run"), "--device", "cpu"]):
+        code, _, err = run_cli(argv)
+        got = [line for line in err.strip().splitlines() if not line.startswith("replaying ")]
+        assert code == 2 and len(got) == 1 and got[0].startswith("error: ") and "Traceback" not in err, f"{argv[0]}: {err}"
+        for needle in needles:
+            assert needle in got[0], f"{argv[0]}: {needle!r} not in {got[0]}"
+        lines.add(got[0])
+    assert len(lines) == 1, lines

@@ -136,7 +136,7 @@ def test_a_chunked_row_pass_needs_an_explicit_mask_once_the_cache_is_not_empty(t
     def top_left_mask(q_positions, k_positions):  # what is_causal=True builds for q_len < kv_len
         return torch.ones(len(q_positions), len(k_positions), dtype=torch.bool).tril()
 
-    monkeypatch.setattr(mtp, "causal_mask", top_left_mask)
+    monkeypatch.setattr(mtp.head, "causal_mask", top_left_mask)  # where the row pass looks it up
     wrong = head.row_pass(hidden[:-1], ids[1:], chunk_size=37).states
     assert (wrong[:37] - whole[:37]).abs().max() < 1e-5  # the first chunk has an empty cache: no difference
     assert (wrong[37:] - whole[37:]).abs().max() > 0.05

@@ -174,7 +174,7 @@ def test_the_files_have_exactly_the_contract_columns_and_types(tiny_checkpoint, 
     assert df.equals(df.sort_values(["request", "pos", "depth"], kind="stable").sort_index())  # within a session
     assert list(dict.fromkeys(df.session_id)) == ["demo", "two"]  # input order
     manifest = json.loads((run / "run.json").read_text())
-    assert manifest["schema_version"] == 2 and manifest["status"] == "complete"
+    assert manifest["schema_version"] == 3 and manifest["status"] == "complete"
     for key in ("tool", "created", "finished", "model", "tokenizer_sha256", "k", "dtype", "device", "sampling",
                 "recorded_with", "inputs", "options", "counts", "versions", "errors", "rendering"):
         assert key in manifest, key
@@ -390,13 +390,13 @@ def test_recorded_with_a_new_sampler_defines_it_and_stores_it_in_run_json(tiny_c
 # --- memory -----------------------------------------------------------------------------------
 
 
-def replay_peak_rss(model, tmp_path, tokens: int, completion: int) -> int:
+def replay_peak_rss(model, tmp_path, tokens: int, completion: int, vocab: int = 248_320) -> int:
     """Peak RSS (bytes: the OS's own high-water mark, memory.run_measured) of a CLI replay of one token-level
     session of `tokens` random ids (the last `completion` scored)."""
     from mtp_observe.memory import run_measured
 
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 248_320, (tokens,), generator=gen).tolist()
+    ids = torch.randint(0, vocab, (tokens,), generator=gen).tolist()
     split = tokens - completion
     path = write_sessions(tmp_path / "long.jsonl", [{"id": "long", "prompt_token_ids": ids[:split], "completion_token_ids": ids[split:]}])
     measured = run_measured([sys.executable, "-m", "mtp_observe", "replay", str(path), "--model", str(model), "--k", "2",
@@ -425,6 +425,20 @@ def test_replaying_on_a_moe_target_keeps_nothing_vocabulary_sized_per_position(m
     model = make_checkpoint(**TINY_WITH_REAL_VOCABULARY, family="qwen3_5_moe", moe_intermediate_size=32,
                             shared_expert_intermediate_size=32)
     peak = replay_peak_rss(model, tmp_path, 4_096, 1_024)
+    assert peak < 2.5e9, f"peak RSS {peak / 1e9:.2f} GB"
+
+
+# DeepSeek-V3's vocabulary; the rest as small as MLA, its grouped router and one dense and one MoE layer allow.
+NEXTN_WITH_REAL_VOCABULARY = dict(family="deepseek_v3", layout="text", vocab_size=129_280, hidden_size=16, intermediate_size=32,
+                                  num_hidden_layers=2, num_attention_heads=1, q_lora_rank=8, kv_lora_rank=8,
+                                  qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, moe_intermediate_size=32, shards=1)
+
+
+def test_a_nextn_target_at_deepseeks_vocabulary_replays_a_16k_token_session_within_the_moe_peak(make_checkpoint, tmp_path):
+    """The MoE bound above (2.5 GB) for a DeepSeek-V3-layout target and NextN head over 16,384 tokens, 2,048 of them
+    scored: the head's fp32 logits at K = 2 over 129,280 tokens would be 2.1 GB on their own, the target's at those
+    positions another 1.1 GB."""
+    peak = replay_peak_rss(make_checkpoint(**NEXTN_WITH_REAL_VOCABULARY), tmp_path, 16_384, 2_048, vocab=129_280)
     assert peak < 2.5e9, f"peak RSS {peak / 1e9:.2f} GB"
 
 

@@ -42,7 +42,8 @@ def inspect(
     for k, v in inv.config.items():
         cfg.add_row(literal(k), literal(v))
     out.print(cfg)
-    t = Table(title=f"MTP head: {plural(len(inv.head), 'tensor')}")
+    where = "MTP head" if inv.head_layer == "mtp" else f"NextN head ({inv.head_layer})"
+    t = Table(title=f"{where}: {plural(len(inv.head), 'tensor')}")
     for c in ("tensor", "shape", "dtype", "bytes"):
         t.add_column(c, justify="right" if c == "bytes" else "left")
     for e in inv.head:
@@ -56,6 +57,17 @@ def inspect(
     for e, role in roles:
         b.add_row(literal(e.name), role, str(list(e.shape)), literal(e.dtype), f"{e.nbytes:,}")
     out.print(b)
+    if inv.copies:
+        c = Table(title="the NextN layer's copies of the target's tensors (not read: vLLM and SGLang run the target's)")
+        for col in ("tensor", "shape", "dtype", "bytes"):
+            c.add_column(col)
+        for e in inv.copies:
+            c.add_row(literal(e.name), str(list(e.shape)), literal(e.dtype), f"{e.nbytes:,}")
+        out.print(c)
+    kv = inv.kv_cache
+    out.print(f"KV cache per token ({kv['kind'].upper()}: {kv['elements_per_layer']:,} elements a layer, BF16): target "
+              f"{human_bytes(kv['target_bytes_per_token'])} ({kv['layers']} layers), head "
+              f"{human_bytes(kv['head_bytes_per_token'])}", markup=False, soft_wrap=True)
     data = inventory_json(inv)
     storage = data["head"]["storage"]
     out.print(f"head storage: {storage['precision']}; numerics: {inv.numerics}", markup=False, soft_wrap=True)

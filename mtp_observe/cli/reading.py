@@ -184,4 +184,6 @@ def compare(
         t.add_row(r.name, f"{r.engine:.3f}", f"{r.run:.3f}", f"[{r.lo:.3f}, {r.hi:.3f}]", "yes" if r.within else "NO")
     out.print(t)
     say(out, ("AGREES: " if result.agrees else "DISAGREES: ") + result.reason)
+    if result.agrees and result.note is not None:
+        say(out, f"note: {result.note}")
     raise typer.Exit(code=result.exit_code)

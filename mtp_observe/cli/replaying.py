@@ -86,6 +86,7 @@ def replay(
     on_error: Annotated[OnError, typer.Option("--on-error", help="fail: a bad session stops the run; skip: it is recorded in run.json and skipped.")] = "fail",
     max_sessions: Annotated[Optional[int], typer.Option("--max-sessions", help="Replay at most N sessions (counted in input order).")] = None,
     device_map: Annotated[Optional[str], typer.Option("--device-map", help="auto: spread a target too large for one GPU over all visible GPUs (needs accelerate).")] = None,
+    head_reading: Annotated[str, typer.Option("--head-reading", metavar="ENGINE", help="Whose reading of the head to replay where the engines differ (DeepSeek-V3 / GLM-4.5 NextN heads: the embedding at position 0, the state fed back; docs/nextn.md): vllm (0.33, the serve line's) or sglang (0.5.23). Qwen heads read alike.")] = "vllm",
     chat_template: ChatTemplateOption = None,
     template_kwargs: TemplateKwargsOption = None,
     drafters: Annotated[str, typer.Option("--drafters", help="Drafters to run side by side at every anchor: mtp (the head), ngram (vLLM's prompt lookup), suffix (suffix decoding), hybrid (Arctic's: suffix when its score >= K, else mtp), hybrid_longer (the longer of suffix's and mtp's). Model-free only (ngram, suffix): no weights are loaded.")] = "mtp",
@@ -114,6 +115,10 @@ def replay(
                                  max_spec_factor=suffix_max_spec_factor, max_spec_offset=suffix_max_spec_offset,
                                  min_token_prob=suffix_min_token_prob)
     model_free = not any(n in NEEDS_MTP for n in names)
+    from ..families import HEAD_ENGINES
+
+    if head_reading not in HEAD_ENGINES:
+        raise OptionError(f"--head-reading {head_reading}: expected one of {', '.join(HEAD_ENGINES)}")
     if model_free and (sampling or recorded_with):
         raise OptionError(f"--sampling and --recorded-with score the target's sampler, which a replay of model-free drafters "
                           f"only (--drafters {drafters}) does not run; add mtp to --drafters, or drop them")
@@ -126,7 +131,7 @@ def replay(
                          profiles=_with_defaults(extra, model_dir) if not model_free else (), recorded_with=declared,
                          on_error=on_error, max_sessions=max_sessions, resume=resume, overwrite=overwrite,
                          device_map=device_map, template=overrides, drafters=names, ngram=ngram_config,
-                         suffix=suffix_config, part_sessions=part_sessions)
+                         suffix=suffix_config, part_sessions=part_sessions, head_engine=head_reading)
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
     try:
         # A live line on a terminal, cleared when it stops (a failure leaves its error line alone); a plain

@@ -2,7 +2,7 @@
 
 Contract:
     load_run(path, drafter=None) -> Run
-                                     reads a run directory of schema_version 1 or 2 (tables.py) and refuses anything
+                                     reads a run directory of schema_version 1, 2 or 3 (tables.py) and refuses anything
                                      else in one line (RunDirectoryError): a complete run must agree with its
                                      manifest's counts, probabilities must lie in [0, 1] and log-probabilities at or
                                      below 0 (float slack: PROB_SLACK, LOGPROB_SLACK); a session is one (part file,
@@ -130,6 +130,25 @@ def _draft_ks(manifest: dict, drafter: str, k: int) -> tuple[int, ...]:
     return tuple(int(x) for x in ks) if isinstance(ks, list) and ks else (k,)
 
 
+def head_reading_note(manifest: dict, version: int) -> str | None:
+    """For a NextN head (DeepSeek-V3, GLM-4.5), which engine's reading the run replayed, or that a run older than
+    schema_version 3 recorded none; None for a Qwen head, which vLLM and SGLang read alike."""
+    from ..families import ENGINE_NAMES, FAMILIES
+
+    model_type = (manifest.get("model") or {}).get("model_type")
+    if model_type not in FAMILIES or FAMILIES[model_type].head != "nextn" or manifest.get("target_ran") is False:
+        return None
+    r = manifest.get("head_reading")
+    if not isinstance(r, dict):
+        return (f"schema_version {version} run: no head_reading recorded, so which engine's reading of the "
+                f"{model_type} head it replayed is unknown; re-run replay")
+    zero = "zeroed" if r.get("zero_position_0_embedding") else "kept"
+    engine = ENGINE_NAMES.get(r.get("engine"), r.get("engine"))
+    return (f"the {model_type} head replayed as {engine} {r.get('engine_version')} reads it: the embedding at "
+            f"position 0 {zero}, the {str(r.get('fed_back_state')).replace('_', '-')} state fed back (docs/nextn.md; "
+            "replay --head-reading for the other engine's)")
+
+
 def load_run(path: str | Path, drafter: str | None = None) -> Run:
     """Read and check a run directory (the rows of one drafter: `judged_drafter`). Every inconsistency a reader
     would trip on is one RunDirectoryError."""
@@ -156,6 +175,9 @@ def load_run(path: str | Path, drafter: str | None = None) -> Run:
                      "(the on-policy rate); re-run replay for sampled traffic")
         notes.append("schema_version 1 run: its profiles have no penalties or min-p, and no what-if estimates "
                      "(they need the sampler sums); re-run replay for them")
+    reading_line = head_reading_note(manifest, version)
+    if reading_line is not None:
+        notes.append(reading_line)
     if not target_ran:
         notes.append(f"a model-free replay ({', '.join(drafters)}): no target ran, so there is no p_accept, no on-policy "
                      "rate, no recording-sampler check and no what-if; the rows compare drafts with the recorded tokens "
