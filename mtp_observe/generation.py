@@ -437,6 +437,7 @@ class GenerateOptions:
     resume: bool = False
     overwrite: bool = False  # replace a finished output (atomically, once the new one is whole)
     template: object = None  # rendering.TemplateOverrides
+    shard: object = None  # shards.Shard (--shard I/N, --shard-by): generate that shard's sessions only
 
 
 class Observer:
@@ -521,8 +522,9 @@ def check_output_file(output: Path, opts: GenerateOptions) -> None:
                           "or another -o")
 
 
-def identity_of(model, profile: SamplingProfile, opts: GenerateOptions, device: str, dtype) -> dict:
-    """What every record's meta.generated says about how it was made; a resumed output must share it."""
+def identity_of(model, profile: SamplingProfile, opts: GenerateOptions, device: str, dtype, plan=None) -> dict:
+    """What every record's meta.generated says about how it was made; a resumed output must share it. plan
+    (shards.ShardPlan): the shard generated (`shard`: index, count, rule, input set), absent without --shard."""
     from . import __version__
     from .checkpoint import tokenizer_sha256, weights_fingerprint
 
@@ -535,6 +537,8 @@ def identity_of(model, profile: SamplingProfile, opts: GenerateOptions, device: 
         "speculative_k": opts.speculative,
         "dtype": str(dtype).removeprefix("torch."), "device": device.split(":")[0],
         "rendering": opts.template.manifest() if opts.template is not None else None,
+        **({"shard": {key: value for key, value in plan.manifest().items() if key != "session_ids"}}
+           if plan is not None else {}),
     }
 
 
@@ -685,10 +689,13 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
     3. read sessions until WINDOW_BATCHES batches of turns are pending; generate them in batches of similar
        prompt length (or one at a time under --speculative); write those sessions in input order; repeat
     4. rename the partial output over the output
+    With opts.shard only the shard's sessions (shards.py: by id, or balanced by tokens) are generated: each shard of
+    a scheduler array writes its own output, and the outputs together are the input of a replay.
     """
     from .pipeline import load_model, resolve_device, resolve_dtype
     from .rendering import Renderer
     from .sessions import SessionError, Skipped, check_inputs, read_sessions, resolve_inputs
+    from .shards import plan_shard, session_key
 
     observer = observer or Observer()
     check_options(opts)
@@ -704,7 +711,12 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
     renderer = Renderer.from_model_dir(model.info.path, vocab_size=model.info.geometry.vocab_size, overrides=opts.template)
     settings = Settings(profile=profile, max_new_tokens=opts.max_new_tokens, seed=opts.seed, eos_ids=renderer.eos_ids,
                         chunk_size=opts.chunk_size, speculative=opts.speculative)
-    identity = identity_of(model, profile, opts, device, dtype)
+    plan = plan_shard(files, opts.shard, renderer) if opts.shard is not None else None
+
+    def owns(item) -> bool:
+        return plan is None or plan.owns(session_key(item))
+
+    identity = identity_of(model, profile, opts, device, dtype, plan)
     sampling = sampling_meta(profile, opts)
     out = Output(output, opts.resume, identity, sampling)
     try:
@@ -715,7 +727,7 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
         # 2. The turns still to generate; a resumed output holds sessions of these inputs only.
         total, ids = 0, set()
         for item in read_sessions(files, on_error="skip"):
-            if isinstance(item, Skipped):
+            if isinstance(item, Skipped) or not owns(item):
                 continue
             ids.add(item.id)
             if item.id not in out.done:
@@ -756,6 +768,8 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
         pending = _Pending()
         window = opts.batch_size * WINDOW_BATCHES if opts.speculative is None else 1
         for item in read_sessions(files, on_error=opts.on_error):
+            if not owns(item):
+                continue
             if isinstance(item, Skipped):
                 skip(item, item.message)
                 continue

@@ -11,17 +11,15 @@ Contract:
                                      every rank's counts and errors merged (COUNT_KEYS add, MAX_KEYS take the
                                      maximum) into the final manifest: complete, or failed with the first failure
 
-`opts` is a pipeline.ReplayOptions; this module imports nothing from the pipeline, which imports it.
+`opts` is a pipeline.ReplayOptions; this module imports nothing from the pipeline, which imports it, and no torch
+at import (merge.py compares identities without it).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from .errors import RunDirectoryError
-from .target import RECORDED
 
 
 def sha256_file(path: Path) -> str:
@@ -70,12 +68,14 @@ def _config_if_any(path: Path) -> dict:
 
 
 def identity(info, files, opts, dtype, device: str, ranks, fallback, fallback_name: str, roster,
-             model_dir: Path | None = None) -> dict:
+             model_dir: Path | None = None, shard_plan=None) -> dict:
     """What a resumed run must share with the interrupted one for its rows to be the same (tables.py).
-    info None: a model-free replay, which depends on the tokenizer and the end-of-turn ids alone."""
+    info None: a model-free replay, which depends on the tokenizer and the end-of-turn ids alone. shard_plan
+    (shards.ShardPlan): the shard this run replays (run.json `shard`), None for the whole input."""
     from . import __version__
     from .checkpoint import reading_for, tokenizer_sha256, weights_fingerprint
     from .sessions import input_name
+    from .target import RECORDED
 
     path = info.path if info is not None else Path(model_dir)
     generation_config = path / "generation_config.json"
@@ -100,6 +100,7 @@ def identity(info, files, opts, dtype, device: str, ranks, fallback, fallback_na
         "options": {"chunk_size": opts.chunk_size, "on_error": opts.on_error, "max_sessions": opts.max_sessions,
                     "device_map": opts.device_map},
         "rendering": opts.template.manifest() if opts.template is not None else None,
+        "shard": shard_plan.manifest() if shard_plan is not None else None,
         "tool_version": __version__,
     }
 
@@ -111,6 +112,11 @@ def resume_difference(identity: dict, resumed: dict) -> str | None:
     if theirs_model.get("weights_fingerprint") is None and resumed.get("schema_version", 1) < 2:
         return (f"it was written by an older mtp-observe (schema_version {resumed.get('schema_version')}), which "
                 "recorded no weights fingerprint to check the checkpoint against")
+    from .tables import SCHEMA_VERSION
+
+    if resumed.get("schema_version") != SCHEMA_VERSION:
+        return (f"it was written with schema_version {resumed.get('schema_version')} and this mtp-observe writes "
+                f"{SCHEMA_VERSION} (its parts would mix two layouts)")
     if theirs_model.get("config_sha256") != mine_model["config_sha256"]:
         return "the model's config.json differs"
     if theirs_model.get("head_tensors") != mine_model["head_tensors"]:
@@ -153,6 +159,7 @@ def start_manifest(out: Path, opts, info, identity: dict, bundled: bool, world: 
     model-free replay: the model's weights, numerics and roofline are null)."""
     import platform
 
+    import torch
     import transformers
 
     from . import __version__, tables
@@ -225,8 +232,7 @@ def finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> No
 
     counts = {key: sum(r.get("counts", {}).get(key, 0) for r in results) for key in COUNT_KEYS}
     counts.update({key: max(r.get("counts", {}).get(key, 0) for r in results) for key in MAX_KEYS})
-    errors = sorted((e for r in results for e in r.get("errors", [])), key=lambda e: e["index"])
-    manifest["errors"] = [{k: v for k, v in e.items() if k != "index"} for e in errors]
+    manifest["errors"] = sorted((e for r in results for e in r.get("errors", [])), key=lambda e: e["index"])
     failures = [r["failure"] for r in results if r.get("failure") is not None]
     if failures:  # what the parts on disk hold (every rank flushed what it finished before failing)
         from .parts import counts_on_disk
@@ -236,6 +242,8 @@ def finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> No
         on_disk = counts_on_disk(out, manifest["k"], draft_ks)
         counts = {**counts, **on_disk, "sessions_skipped": counts["sessions_skipped"]}
     manifest["counts"] = counts
+    if results and results[0].get("cluster") is not None:  # a Ray job (cluster.py): its replicas, replaced and retried
+        manifest["cluster"] = results[0]["cluster"]
     if failures:
         manifest.update(status="failed", finished=now(), failure=f"{type(failures[0]).__name__}: {failures[0]}")
     else:

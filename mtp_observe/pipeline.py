@@ -18,6 +18,11 @@ the model directory need hold only the tokenizer (and generation_config.json for
 have no target columns, and the run runs on the CPU (`model_free_request`). Suffix decoding's global tree is fed
 every session of the input in input order on every rank (`_replay_sessions`), so rows do not depend on the
 number of ranks or on resuming.
+
+Past one process (docs/scale.md): `--shard I/N` replays the sessions shards.py assigns to shard I (by id, or by
+tokens) and reads the others' recorded outputs into the global tree in input order, as a torchrun rank does;
+`--ray` hands the sessions to replicas on a Ray cluster (cluster.py). Both write an ordinary run directory whose
+requests carry each session's input index (`session_index`), the canonical order the report reads.
 """
 
 from __future__ import annotations
@@ -123,12 +128,16 @@ class ReplayOptions:
     ngram: object = None  # drafters.ngram.NgramConfig (--ngram MIN,MAX); None: vLLM's defaults
     suffix: object = None  # drafters.suffix.SuffixConfig (--suffix-*); None: vLLM's defaults
     part_sessions: int = 256  # sessions per part file at most (parts.py; 1: a part per session, as before grouping)
+    shard: object = None  # shards.Shard (--shard I/N, --shard-by): replay that shard of the input; None: all of it
+    ray: object = None  # cluster.RayOptions (--ray, --replicas, --gpus-per-replica); None: replay in this process
 
 
 class Observer:
     """Progress callbacks; the CLI draws a progress bar from them. The default does nothing."""
 
-    def start(self, sessions: int) -> None: ...
+    def start(self, sessions: int, tokens: int | None = None) -> None:
+        """The sessions this process will handle (and, when known up front — a Ray job renders them first — their
+        tokens)."""
 
     def session_start(self, session_id: str, tokens: int, requests: int) -> None:
         """A session is about to be replayed: its tokens (all its requests') and requests."""
@@ -141,6 +150,9 @@ class Observer:
 
     def session(self, session_id: str, tokens: int, skipped: bool) -> None:
         """A session ended: replayed, skipped, or (no session_start before it) found finished by --resume."""
+
+    def replayed(self, session_id: str, tokens: int, requests: int) -> None:
+        """A session replayed elsewhere (a replica of a Ray job, cluster.py) is done: its tokens count as this job's."""
 
     def warn(self, message: str) -> None: ...
 
@@ -499,10 +511,10 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
     writes their parts; rank 0 locks and prepares the directory, gathers counts and errors once
     every rank has finished, writes the manifest and lets go of the lock. Each rank groups its own
     sessions into parts named by their first session (parts.py), so the rows are the same whatever the
-    number of ranks and --resume reads any grouping, though the part files differ.
+    number of ranks and --resume reads any grouping, though the part files differ. With opts.shard only the
+    shard's sessions are replayed (shards.py); with opts.ray the replicas of a Ray cluster replay them and this
+    process writes their parts (cluster.py).
     """
-    from . import tables
-    from .errors import UserError
     from .sessions import check_inputs, resolve_inputs
 
     observer = observer or Observer()
@@ -516,10 +528,35 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
     _check_options(opts)
     if any(str(f) == "-" for f in files) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise OptionError("- (standard input) reaches only one of torchrun's processes; give the sessions as a file")
+    if opts.ray is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise OptionError("--ray under torchrun: a Ray job is one process that drives the cluster's replicas; run it "
+                          "without torchrun (or use torchrun without --ray)")
     fallback, fallback_name = recorded_fallback(opts, model_dir)
     files = resolve_inputs(files)  # directories expanded, "-" (standard input) copied once, missing paths refused
     check_inputs(files)  # every input holds a session, before any work
-    device = resolve_device(opts.device) if not model_free else "cpu"  # model-free drafters run on the CPU
+    cluster = None
+    if opts.ray is not None:  # join (or start) the Ray cluster: how many GPUs a replica has decides the device
+        from .cluster import connect
+
+        cluster = connect(opts.ray, opts.device, model_free)
+    try:
+        return _replay(files, model_dir, out, opts, bundled, observer, roster, model_free, fallback, fallback_name,
+                       cluster)
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+def _replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool, observer: Observer, roster,
+            model_free: bool, fallback, fallback_name: str, cluster) -> Path:
+    """replay's steps once the inputs are checked (and, under --ray, the cluster joined)."""
+    from . import tables
+    from .errors import UserError
+
+    if cluster is not None:
+        device = cluster.device
+    else:
+        device = resolve_device(opts.device) if not model_free else "cpu"  # model-free drafters run on the CPU
     ranks = ranks_from_env(device)
     given = Path(ranks.from_rank0(str(out)))  # a default --out carries rank 0's timestamp to every rank
     # A symbolic link in --out (or above it) is followed once, here, and said: the run is written where it points.
@@ -529,13 +566,17 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
         device = f"cuda:{ranks.local_rank}"
     dtype = resolve_dtype(opts.dtype, device) if not model_free else None
     info = read_checkpoint(model_dir) if not model_free else None  # model-free: no weights, not even their headers
+    plan = None
+    if opts.shard is not None:  # the shard's sessions, from the whole input (rank 0 reads it, every rank gets it)
+        plan = ranks.from_rank0(_shard_plan(files, opts, info, model_dir) if ranks.rank == 0 else None)
 
     # 1. Rank 0 locks the directory, checks it (fresh, --resume or --overwrite) against this run's identity.
     failure, manifest, lock = None, None, None
     if ranks.rank == 0:
         try:
             lock = tables.RunLock(out).acquire()
-            run_identity = identity(info, files, opts, dtype, device, ranks, fallback, fallback_name, roster, model_dir)
+            run_identity = identity(info, files, opts, dtype, device, ranks, fallback, fallback_name, roster, model_dir,
+                                    shard_plan=plan)
             manifest = start_manifest(out, opts, info, run_identity, bundled, ranks.world, model_dir)
         except BaseException as e:  # nothing was written: let go of the directory (and of a directory we made)
             if lock is not None:
@@ -553,11 +594,14 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
         observer.note(f"--out {given} resolves to {out} (through a symbolic link); the run is written there")
 
     try:
-        # 2. This rank's sessions.
+        # 2. This rank's sessions (or, under --ray, the cluster's).
         try:
-            model = load_model(model_dir, device=device, dtype=dtype, device_map=opts.device_map,
-                               head_engine=opts.head_engine) if not model_free else None
-            result = _replay_sessions(files, out, opts, model, ranks, observer, fallback, roster, model_dir)
+            if cluster is not None:
+                result = cluster.replay(files, out, opts, model_dir, dtype, observer, fallback, roster, plan)
+            else:
+                model = load_model(model_dir, device=device, dtype=dtype, device_map=opts.device_map,
+                                   head_engine=opts.head_engine) if not model_free else None
+                result = _replay_sessions(files, out, opts, model, ranks, observer, fallback, roster, model_dir, plan)
         except BaseException as e:  # every rank must reach the gather below, whatever happened here
             result = {"failure": e}
         results = ranks.gather({k: v if k != "failure" else portable(v) for k, v in result.items()})
@@ -592,6 +636,19 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
     return out
 
 
+def _shard_plan(files, opts: ReplayOptions, info, model_dir: Path):
+    """shards.plan_shard with the run's renderer (the tokens rule renders every session)."""
+    from .rendering import Renderer
+    from .shards import plan_shard
+
+    renderer = None
+    if opts.shard.by == "tokens":
+        renderer = Renderer.from_model_dir(info.path if info is not None else model_dir,
+                                           vocab_size=info.geometry.vocab_size if info is not None else None,
+                                           overrides=opts.template)
+    return plan_shard(files, opts.shard, renderer, opts.max_sessions)
+
+
 def roster_draft_ks(name: str, k: int) -> tuple[int, ...]:
     from .drafters.roster import draft_ks
 
@@ -606,14 +663,14 @@ def drafter_roster(opts: ReplayOptions):
 
 
 def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel | None, ranks: Ranks, observer: Observer,
-                     fallback, roster=None, model_dir: Path | None = None) -> dict:
+                     fallback, roster=None, model_dir: Path | None = None, plan=None) -> dict:
     """Replay the sessions this rank owns into grouped parts (parts.PartWriter); whatever stops it (a failure,
     Ctrl-C), the sessions it finished are written first. Returns its counts and errors."""
     from . import parts
 
     writer = parts.PartWriter(out, max_sessions=opts.part_sessions)
     try:
-        result = _replay_owned(files, out, opts, model, ranks, observer, fallback, roster, model_dir, writer)
+        result = _replay_owned(files, out, opts, model, ranks, observer, fallback, roster, model_dir, writer, plan)
     except BaseException:
         try:
             writer.flush()
@@ -625,20 +682,22 @@ def _replay_sessions(files, out: Path, opts: ReplayOptions, model: LoadedModel |
 
 
 def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | None, ranks: Ranks, observer: Observer,
-                  fallback, roster, model_dir: Path | None, writer) -> dict:
+                  fallback, roster, model_dir: Path | None, writer, plan=None) -> dict:
     """Replay the sessions this rank owns; finished sessions of a resumed run are kept. Returns its counts and errors.
 
-    model None: a model-free replay (the roster's drafters alone, no target). When a drafter keeps state across
-    requests (suffix decoding's global tree), every session of the input reaches it in input order: the ones this
-    rank replays through `draft`, the others — another rank's, or a resumed run's finished ones — through
-    `add_outputs` (rendered again, or read back from the finished part), so rows do not depend on the number of
-    ranks or on resuming."""
+    A session is this rank's when its shard is this run's (plan: shards.ShardPlan, None without --shard) and its
+    input index is the rank's. model None: a model-free replay (the roster's drafters alone, no target). When a
+    drafter keeps state across requests (suffix decoding's global tree), every session of the input reaches it in
+    input order: the ones this rank replays through `draft`, the others — another rank's or shard's, or a resumed
+    run's finished ones — through `add_outputs` (their recorded outputs rendered again, or read back from the
+    finished part; never replayed), so rows do not depend on the number of ranks or shards or on resuming."""
     import time
 
     from . import parts, tables
     from .rendering import Renderer
     from .routing import RouterRecorder
     from .sessions import SessionError, Skipped, input_name, read_sessions, speculative_steps
+    from .shards import session_key
     from .target import VLLM_DEFAULTS, generation_config_profile
 
     roster = roster or drafter_roster(opts)
@@ -647,7 +706,6 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
     renderer = Renderer.from_model_dir(model.info.path if model is not None else model_dir, vocab_size=vocab,
                                        overrides=opts.template)
     server_default = (generation_config_profile(model.info.path) or VLLM_DEFAULTS) if model is not None else None
-    names = [p.name for p in opts.profiles] + [RECORDED] if model is not None else []
     draft_ks = [kk for n in roster.names for kk in roster_draft_ks(n, opts.k)]
     finished = parts.finished_sessions(out, opts.k, draft_ks if with_drafters else None, on_damaged=lambda path, why:
                                        observer.note(f"{path}: {why}; recomputing its sessions")) if ranks.rank == 0 else None
@@ -658,7 +716,7 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
     total = sum(count_records(f) for f in files)
     if opts.max_sessions:
         total = min(total, opts.max_sessions)
-    observer.start(len([i for i in range(total) if ranks.owns(i)]))
+    observer.start(len([i for i in (plan.indices if plan is not None else range(total)) if ranks.owns(i)]))
     started, fresh_tokens = time.time(), 0
     recorder = RouterRecorder(model.target, opts.k + 1) if model is not None else None  # q = 1..Kmax+1 tokens a sequence
     if recorder is not None and not recorder.active:
@@ -671,15 +729,18 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
         observer.warn(message)
         observer.session(session_id or "?", 0, skipped=True)
 
-    def feed(requests):  # state only: the requests another rank writes, or a resumed run kept
+    def feed(requests):  # state only: the requests another rank or shard writes, or a resumed run kept
         for tokens, spans in requests:
             roster.add_outputs(tokens, spans)
+
+    def owns(item) -> bool:
+        return (plan is None or plan.owns(session_key(item))) and ranks.owns(item.index)
 
     for item in read_sessions(files, on_error=opts.on_error):
         if opts.max_sessions is not None and item.index >= opts.max_sessions:
             break
         per_file[item.path] += 1
-        if not ranks.owns(item.index):
+        if not owns(item):
             if roster.stateful and not isinstance(item, Skipped):
                 try:
                     feed([(r.input_ids, r.spans) for r in renderer.render(item).requests])
@@ -702,26 +763,10 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
                     raise
                 skip(item.index, e.path, e.line, e.session_id, str(e))
                 continue
-            profiles = tuple(opts.profiles) + (recorded,) if model is not None else ()
-            try:
-                observer.session_start(item.id, rendered.n_tokens, len(rendered.requests))
-                per_request = replay_session(model, rendered.requests, opts.k, profiles, opts.chunk_size,
-                                             drafters=roster if with_drafters else None, recorder=recorder,
-                                             observer=observer)
-            except NonFiniteOutput as e:
-                raise CheckpointError(f"{model.info.path}: {e} in session {item.id} ({item.path}:{item.line}); "
-                                      f"{non_finite_advice(model.dtype)}") from None
-            positions = tables.positions_table(item.id, [(r.index, r.columns) for r in per_request], names,
-                                               drafters=list(roster.names) if with_drafters else None,
-                                               target=model is not None)
-            requests = tables.requests_table(item.id, rendered.requests, [r.fit for r in per_request], names,
-                                             {"source": source, **recorded.as_dict()} if model is not None else None,
-                                             speculative, routing=recorder.take() if recorder is not None else None)
+            observer.session_start(item.id, rendered.n_tokens, len(rendered.requests))
+            positions, requests, c = session_parts(model, item.id, item.index, rendered.requests, opts, roster, recorded,
+                                                   source, speculative, recorder, observer, f"{item.path}:{item.line}")
             writer.add(item.index, positions, requests)  # written with the sessions before and after it (parts.py)
-            c = {"requests": len(rendered.requests), "tokens_replayed": rendered.n_tokens,
-                 "scored_tokens": rendered.scored_tokens, "rows": positions.num_rows,
-                 "anchors": sum(max(sp.end - max(sp.start, 1), 0) for r in rendered.requests for sp in r.spans),
-                 "max_request_tokens": max((len(r.input_ids) for r in rendered.requests), default=0)}
             fresh_tokens += rendered.n_tokens
         counts["sessions_ok"] += 1
         for key, value in c.items():
@@ -731,3 +776,33 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
             "wall_s": time.time() - started, "drafting": roster.timing() if with_drafters else {}}
 
 
+def session_parts(model: LoadedModel | None, session_id: str, index: int, requests, opts: ReplayOptions, roster,
+                  recorded=None, source: str | None = None, speculative=None, recorder=None,
+                  observer: Observer | None = None, where: str = "") -> tuple:
+    """(positions table, requests table, counts) of one rendered session: what each process of a replay — and each
+    replica of a Ray job (cluster.py) — does with a session it owns. index: its input index (requests.parquet
+    `session_index`); recorded, source: its `recorded` sampler and where that came from (session_sampler; None
+    without a target); speculative: generate --speculative's steps (sessions.speculative_steps); where: its
+    file:line, for the one-line error of a non-finite output."""
+    from . import tables
+
+    with_drafters = tuple(roster.names) != ("mtp",)  # an mtp-only run is written as before (no drafter columns)
+    names = [p.name for p in opts.profiles] + [RECORDED] if model is not None else []
+    profiles = tuple(opts.profiles) + (recorded,) if model is not None else ()
+    try:
+        per_request = replay_session(model, requests, opts.k, profiles, opts.chunk_size,
+                                     drafters=roster if with_drafters else None, recorder=recorder, observer=observer)
+    except NonFiniteOutput as e:
+        raise CheckpointError(f"{model.info.path}: {e} in session {session_id} ({where}); "
+                              f"{non_finite_advice(model.dtype)}") from None
+    positions = tables.positions_table(session_id, [(r.index, r.columns) for r in per_request], names,
+                                       drafters=list(roster.names) if with_drafters else None, target=model is not None)
+    table = tables.requests_table(session_id, requests, [r.fit for r in per_request], names,
+                                  {"source": source, **recorded.as_dict()} if model is not None else None,
+                                  speculative, routing=recorder.take() if recorder is not None else None,
+                                  session_index=index)
+    counts = {"requests": len(requests), "tokens_replayed": sum(len(r.input_ids) for r in requests),
+              "scored_tokens": sum(sp.end - sp.start + 1 for r in requests for sp in r.spans), "rows": positions.num_rows,
+              "anchors": sum(max(sp.end - max(sp.start, 1), 0) for r in requests for sp in r.spans),
+              "max_request_tokens": max((len(r.input_ids) for r in requests), default=0)}
+    return positions, table, counts

@@ -9,7 +9,9 @@ request as it starts; each session as it ends. From these:
     rate      tokens replayed by this process / seconds since it started its first session (a
               resumed run's finished sessions count as done, never as speed)
     total     the tokens of the sessions seen so far, plus the sessions not yet seen times the
-              mean tokens of a seen one: an estimate ("~") until the last session has started
+              mean tokens of a seen one: an estimate ("~") until the last session has started — or,
+              when the job knows every session's tokens up front (a Ray job, `start(sessions, tokens)`),
+              that number: across the whole job, whichever replica replays what (`replayed`)
     ETA       (total - done) / rate
 
 `progress_lines` renders that state as a line of at most `width` characters (80 by default), and a
@@ -42,6 +44,7 @@ class ProgressState:
     current_tokens: int = 0  # tokens of the current session
     current_left: int = 0  # ... not yet done
     elapsed_s: float = 0.0
+    known_tokens: int | None = None  # every session's tokens, when known before the first one starts
 
     @property
     def rate(self) -> float | None:
@@ -50,6 +53,8 @@ class ProgressState:
     @property
     def total_tokens(self) -> tuple[int, bool]:
         """(total tokens, exact?): the seen sessions' tokens plus the unseen ones at the seen mean."""
+        if self.known_tokens is not None:
+            return self.known_tokens, True
         unseen = max(self.sessions - self.sessions_seen - self.skipped, 0)
         seen_sessions = max(self.sessions_seen, 1)
         estimate = self.tokens_seen + round(unseen * self.tokens_seen / seen_sessions)
@@ -140,8 +145,8 @@ class ProgressCounter:
         self.state = replace(self.state, elapsed_s=now - self.started, fresh_s=fresh_s, **changes)
         return self.state
 
-    def start(self, sessions: int) -> ProgressState:
-        return self._set(sessions=sessions)
+    def start(self, sessions: int, tokens: int | None = None) -> ProgressState:
+        return self._set(sessions=sessions, known_tokens=tokens)
 
     def session_start(self, session_id: str, tokens: int, requests: int) -> ProgressState:
         if self.fresh_started is None:
@@ -173,6 +178,17 @@ class ProgressCounter:
             seen = dict(tokens_seen=s.tokens_seen + tokens, sessions_seen=s.sessions_seen + 1)
         return self._set(sessions_done=s.sessions_done + 1, tokens_done=s.tokens_done + left, session_id=None,
                          requests=0, request=0, current_left=0, current_tokens=0, **fresh, **seen)
+
+    def replayed(self, session_id: str, tokens: int, requests: int) -> ProgressState:
+        """A session replayed by a replica (a Ray job) is done: its tokens are done and fresh; the rate runs from
+        start() (the replicas are loaded then), since sessions are replayed side by side."""
+        if self.fresh_started is None:
+            self._now()
+            self.fresh_started = self.started
+        s = self.state
+        return self._set(sessions_done=s.sessions_done + 1, tokens_done=s.tokens_done + tokens,
+                         fresh_tokens=s.fresh_tokens + tokens, tokens_seen=s.tokens_seen + tokens,
+                         sessions_seen=s.sessions_seen + 1)
 
 
 class ProgressDisplay:
@@ -221,8 +237,8 @@ class ProgressDisplay:
                     self.say(self.console, line)
                 self.last = now
 
-    def start(self, sessions: int) -> None:
-        self._draw(self.counter.start(sessions), force=True)
+    def start(self, sessions: int, tokens: int | None = None) -> None:
+        self._draw(self.counter.start(sessions, tokens), force=True)
 
     def session_start(self, session_id: str, tokens: int, requests: int) -> None:
         from .literal import visible
@@ -240,6 +256,9 @@ class ProgressDisplay:
         from .literal import visible
 
         self._draw(self.counter.session(visible(session_id), tokens, skipped))
+
+    def replayed(self, session_id: str, tokens: int, requests: int) -> None:
+        self._draw(self.counter.replayed(session_id, tokens, requests))
 
     def warn(self, message: str) -> None:
         self.say(self.console, f"skipped: {message}")

@@ -11,7 +11,8 @@ Both Parquet paths are datasets: a single file or a directory of part files. Thi
 writes directories of parts, each holding a group of consecutive finished sessions (up to 256
 sessions or 2,000,000 positions rows, or what a minute gathered; parts.py), named
 `part-<index of its first session:08d>.parquet` in both tables; the name order is input order
-(under torchrun each rank's parts hold its own sessions). Runs written before grouping hold one
+(under torchrun each rank's parts hold its own sessions, a shard's its own, a Ray job's the sessions in the order
+they finished; requests.parquet `session_index` holds the canonical order, version 3). Runs written before grouping hold one
 session per part (and may carry `-r<rank>` names): they are read and resumed the same way, a part
 of one session being a group of one. Each part is written under a dot-prefixed temporary name in
 the run directory itself, outside the table directories
@@ -78,6 +79,28 @@ run.json:
     counts.anchors      anchors per drafter (every drafter drafts at the same ones); counts.rows: every drafter's
 Added within version 2 (optional keys; a run without them reads as before): requests.parquet `routing`
 and run.json `model.cost_geometry`, for the speedup by batch size (cost.py).
+
+Version 3, continued (past one machine: shards, merge, Ray; docs/scale.md):
+    requests.parquet `session_index`  int64: the session's index in the input stream (0-based, skipped inputs
+                        counted): the canonical session order. The report orders sessions by it (report/run.py), so a
+                        run whose parts group sessions otherwise — torchrun ranks, shards merged, a Ray job's
+                        completion order — reports exactly as one process reading the input in order. A version-2 run
+                        has none: its sessions are read in the order its parts list them (input order for one process)
+    run.json `shard`    null, or the shard this run replayed (`replay --shard I/N`; shards.py): {"index", "count", "by"
+                        ("id" | "tokens"), "rule" (the assignment rule in words), "input_set" (sha256 of every input's
+                        label and content, in order: shards.input_set), "sessions" (how many it owns), "session_ids"
+                        (their ids — or <path>:<line> for an input line with no readable id — in input order),
+                        "tokens" (the tokens rule only)}. Part of the run's identity (--resume needs the same)
+    run.json `merged`   a run written by `mtp-observe merge` (merge.py): {"count", "by", "rule", "input_set", "shards":
+                        [{"path", "index", "status", "created", "finished", "sessions_ok", "world_size", "timing"}],
+                        "linked" / "copied" (part files), "missing": null, or (--allow-partial) {"shards": [indices not
+                        given], "sessions": [ids owned by a given shard but not in its parts], "unknown": [shard indices
+                        whose own list is not known]}}; status "complete", or "partial" (--allow-partial with something
+                        missing: the verdict is UNRELIABLE)
+    run.json `cluster`  a run replayed on Ray (`replay --ray`; cluster.py): {"engine": "ray", "address", "replicas",
+                        "gpus_per_replica", "max_attempts", "replaced" (replicas that died and were replaced),
+                        "retried" (sessions given to another replica after theirs died)}
+    run.json `errors`   each entry may carry "index" (the input index, for merge's order)
 
 run.json keys:
     schema_version      3 (version-1 and -2 runs are read too; they lack the keys marked "v2" / "Version 3": among them
@@ -225,10 +248,10 @@ SPECULATIVE = pa.struct([("k", pa.int32()), ("anchors", pa.list_(pa.int32())), (
 
 
 def requests_schema(profiles: list[str]) -> pa.Schema:
-    """requests.parquet's columns (version 2): REQUESTS_SCHEMA's, the fit sums per span, the recorded sampler, the
-    speculative loop's steps (null unless `generate --speculative` wrote the session)."""
+    """requests.parquet's columns (version 3): REQUESTS_SCHEMA's, the fit sums per span, the recorded sampler, the
+    speculative loop's steps (null unless `generate --speculative` wrote the session), the session's input index."""
     return pa.schema(list(REQUESTS_SCHEMA) + [("fit", pa.list_(fit_type(profiles))), ("recorded_sampling", RECORDED_SAMPLING),
-                                              ("speculative", SPECULATIVE)])
+                                              ("speculative", SPECULATIVE), ("session_index", pa.int64())])
 
 
 TARGET_COLUMNS = ("target_token", "target_logprob", "actual_logprob")  # (and p_accept_*) absent without a target
@@ -323,13 +346,14 @@ def _at(data, key: str | None):
 
 def requests_table(session_id: str, requests, fits: list[dict] | None = None, profiles: list[str] | None = None,
                    recorded: dict | None = None, speculative: list[dict] | None = None,
-                   routing: dict | None = None) -> pa.Table:
+                   routing: dict | None = None, session_index: int | None = None) -> pa.Table:
     """requests: objects with index, input_ids, spans (start, end, turn). Without fits: the version-1 columns.
 
     fits: per request {"tokens": [N], "<stat>_<profile>": [N]} over its N spans; recorded: the
     recorded_sampling struct of the session (source and parameters); speculative: per request
     {"k", "anchors", "accepted"} (sessions.speculative_steps), or None; routing: the session's router window
-    sums (routing.RouterRecorder.take), written on its last request's row (a MoE target only).
+    sums (routing.RouterRecorder.take), written on its last request's row (a MoE target only); session_index: the
+    session's index in the input stream (version 3), on every row.
     """
     data = {
         "session_id": [session_id] * len(requests),
@@ -345,6 +369,7 @@ def requests_table(session_id: str, requests, fits: list[dict] | None = None, pr
     data["fit"] = [[{name: _plain(fit[name][i]) for name in names} for i in range(len(r.spans))] for r, fit in zip(requests, fits)]
     data["recorded_sampling"] = [recorded] * len(requests)  # None in a model-free run (no target, no sampler)
     data["speculative"] = list(speculative) if speculative is not None else [None] * len(requests)
+    data["session_index"] = [session_index] * len(requests)
     if routing is not None:
         schema = schema.append(pa.field("routing", ROUTING))
         data["routing"] = [None] * (len(requests) - 1) + [routing] if requests else []

@@ -54,6 +54,22 @@ def test_a_finished_session_found_by_resume_counts_as_done_but_not_as_speed():
     assert s.fresh_tokens == 100 and s.rate == 50 and s.total_tokens == (50_100, True) and s.eta_s == 0
 
 
+def test_a_ray_jobs_progress_counts_every_replicas_sessions_against_the_known_total_from_the_start():
+    """Under --ray (cluster.py) the total is known before the first session (every session is rendered first) and
+    sessions finish on several replicas at once: the rate runs from start(), the replicas being loaded by then."""
+    clock = Clock()
+    c = ProgressCounter(clock=clock)
+    c.start(3, tokens=9_000)
+    assert c.state.total_tokens == (9_000, True) and c.state.rate is None
+    c.session("kept", 1_000, skipped=False)  # finished in an earlier run: done, not speed
+    clock.t = 4.0
+    c.replayed("a", 6_000, 3)
+    clock.t = 5.0
+    s = c.replayed("b", 2_000, 1)
+    assert s.sessions_done == 3 and s.tokens_done == 9_000 and s.fresh_tokens == 8_000 and s.rate == 8_000 / 5.0
+    assert s.total_tokens == (9_000, True) and s.eta_s == 0 and "9.0k/9.0k tok" in progress_line(s)
+
+
 def test_the_line_fits_80_columns_with_a_long_id_and_large_numbers():
     s = ProgressState(sessions=123_456, sessions_done=99_999, skipped=12_345, tokens_done=9_876_543_210,
                       tokens_seen=9_999_999_999, sessions_seen=100_000, fresh_tokens=10**9, fresh_s=3.0,

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from mtp_observe.pipeline import ReplayOptions, replay
-from mtp_observe.tables import positions_schema, requests_schema
+from mtp_observe.tables import SCHEMA_VERSION, positions_schema, requests_schema
 from mtp_observe.target import BUILTIN_PROFILES, SamplingProfile, Turns, reduce_logits, sampler_distribution
 
 from .reference_head import ReferenceHead
@@ -174,7 +174,7 @@ def test_the_files_have_exactly_the_contract_columns_and_types(tiny_checkpoint, 
     assert df.equals(df.sort_values(["request", "pos", "depth"], kind="stable").sort_index())  # within a session
     assert list(dict.fromkeys(df.session_id)) == ["demo", "two"]  # input order
     manifest = json.loads((run / "run.json").read_text())
-    assert manifest["schema_version"] == 3 and manifest["status"] == "complete"
+    assert manifest["schema_version"] == SCHEMA_VERSION == 3 and manifest["status"] == "complete"
     for key in ("tool", "created", "finished", "model", "tokenizer_sha256", "k", "dtype", "device", "sampling",
                 "recorded_with", "inputs", "options", "counts", "versions", "errors", "rendering"):
         assert key in manifest, key

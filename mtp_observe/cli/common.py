@@ -66,6 +66,7 @@ def _root(
 # Fixed sets of values are Literal types: help lists them (<a|b|c>), the shell completes them, and a value
 # outside them is refused before the command runs (main words the refusal: `--format x: expected one of ...`).
 OnError = Literal["fail", "skip"]
+ShardBy = Literal["id", "tokens"]
 ReportFormat = Literal["table", "markdown", "json"]
 Dtype = Literal["auto", "float32", "bfloat16"]
 DEVICE_METAVAR = "<auto|cpu|cuda|cuda:N>"  # cuda:N is open-ended, so not a Choice; pipeline.resolve_device checks it
@@ -114,6 +115,17 @@ def _template_overrides(chat_template: Optional[Path], template_kwargs: Optional
 def _check_on_error(on_error: str) -> None:
     if on_error not in ("fail", "skip"):
         raise OptionError(f"--on-error {on_error}: expected fail or skip")
+
+
+def shard_options(shard: Optional[str], shard_by: str, command: str = "replay"):
+    """--shard I/N and --shard-by -> shards.Shard (None without --shard)."""
+    from ..shards import parse_shard
+
+    if shard is None:
+        if shard_by != "id":
+            raise OptionError(f"--shard-by {shard_by}: without --shard, {command} covers every session; add --shard I/N")
+        return None
+    return parse_shard(shard, shard_by)
 
 
 REPORT_FORMATS = ("table", "markdown", "json")

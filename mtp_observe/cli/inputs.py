@@ -17,6 +17,7 @@ from .common import (
     ChatTemplateOption,
     Dtype,
     OnError,
+    ShardBy,
     TemplateKwargsOption,
     _check_on_error,
     _model_dir,
@@ -25,6 +26,7 @@ from .common import (
     err,
     out,
     say,
+    shard_options,
 )
 
 
@@ -187,6 +189,8 @@ def generate(
     chat_template: ChatTemplateOption = None,
     template_kwargs: TemplateKwargsOption = None,
     progress_every: Annotated[float, typer.Option("--progress-every", metavar="SECONDS", help="Without a terminal (a CI log): print the progress line to stderr every SECONDS (0: never).")] = 30.0,
+    shard: Annotated[Optional[str], typer.Option("--shard", metavar="I/N", help="Generate shard I of N (0-based): the sessions whose id hashes to I, as replay --shard; the shards' outputs together are the replay's input (docs/scale.md).")] = None,
+    shard_by: Annotated[ShardBy, typer.Option("--shard-by", help="id: a session's shard is a hash of its id; tokens: shards balanced by tokens, longest session first.")] = "id",
 ) -> None:
     """The target's own completion of every assistant turn, in the recorded contexts: token-level records for replay."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -194,6 +198,7 @@ def generate(
     from ..generation import GenerateOptions, generate as run_generate
 
     _check_on_error(on_error)
+    shard_spec = shard_options(shard, shard_by, "generate")
     if progress_every < 0:
         raise OptionError(f"--progress-every {progress_every:g}: expected seconds >= 0 (0: no progress lines)")
     overrides = _template_overrides(chat_template, template_kwargs)
@@ -201,7 +206,7 @@ def generate(
     check_writable(output, "--output", inputs=[*files, chat_template], kept=[model_dir])
     opts = GenerateOptions(sampling=sampling, max_new_tokens=max_new_tokens, seed=seed, speculative=speculative,
                            batch_size=batch_size, chunk_size=chunk_size, device=device, dtype=dtype, on_error=on_error,
-                           resume=resume, overwrite=overwrite, template=overrides)
+                           resume=resume, overwrite=overwrite, template=overrides, shard=shard_spec)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("turns"),
                       TextColumn("{task.fields[tokens]}", markup=False), TextColumn("{task.fields[rate]}", markup=False),

@@ -17,6 +17,7 @@ from .common import (
     ChatTemplateOption,
     Dtype,
     OnError,
+    ShardBy,
     TemplateKwargsOption,
     _check_on_error,
     _model_dir,
@@ -24,6 +25,7 @@ from .common import (
     err,
     out,
     say,
+    shard_options,
 )
 
 
@@ -98,6 +100,11 @@ def replay(
     suffix_min_token_prob: Annotated[float, typer.Option("--suffix-min-token-prob", help="vLLM's suffix_decoding_min_token_prob.")] = 0.1,
     part_sessions: Annotated[int, typer.Option("--part-sessions", metavar="N", help="Write the run's Parquet parts N sessions at a time at most (fewer when a part reaches 2M rows or a minute's work); 1: one part per session.")] = 256,
     progress_every: Annotated[float, typer.Option("--progress-every", metavar="SECONDS", help="Without a terminal (a CI log): print the progress line to stderr every SECONDS (0: never).")] = 30.0,
+    shard: Annotated[Optional[str], typer.Option("--shard", metavar="I/N", help="Replay shard I of N (0-based; e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT): the sessions whose id hashes to I, whatever the file layout; join the shards with mtp-observe merge (docs/scale.md).")] = None,
+    shard_by: Annotated[ShardBy, typer.Option("--shard-by", help="id: a session's shard is a hash of its id; tokens: shards balanced by tokens, longest session first (every session is rendered first).")] = "id",
+    ray: Annotated[Optional[str], typer.Option("--ray", metavar="ADDRESS", help="Replay on a Ray cluster: local (start one here), auto (join the running one) or ray://HOST:PORT; needs pip install 'mtp-observe[ray]' (docs/scale.md).")] = None,
+    replicas: Annotated[Optional[int], typer.Option("--replicas", metavar="N", help="With --ray: model replicas (Ray actors, each loads the model once; default: the cluster's GPUs / --gpus-per-replica, 1 without GPUs).")] = None,
+    gpus_per_replica: Annotated[Optional[float], typer.Option("--gpus-per-replica", metavar="G", help="With --ray: GPUs per replica, on one node (the target spread over them with device_map when G > 1; default 1 when the cluster has GPUs, else 0).")] = None,
 ) -> None:
     """Replay sessions through the target with the MTP head (and other drafters) alongside; write the run directory."""
     from ..drafters.roster import NEEDS_MTP, parse_drafters
@@ -110,6 +117,8 @@ def replay(
     if progress_every < 0:
         raise OptionError(f"--progress-every {progress_every:g}: expected seconds >= 0 (0: no progress lines)")
     names = parse_drafters(drafters)
+    shard_spec = shard_options(shard, shard_by)
+    ray_options = _ray_options(ray, replicas, gpus_per_replica)
     ngram_config = _parse_ngram(ngram)
     suffix_config = SuffixConfig(max_tree_depth=suffix_max_tree_depth, max_cached_requests=suffix_max_cached_requests,
                                  max_spec_factor=suffix_max_spec_factor, max_spec_offset=suffix_max_spec_offset,
@@ -131,7 +140,8 @@ def replay(
                          profiles=_with_defaults(extra, model_dir) if not model_free else (), recorded_with=declared,
                          on_error=on_error, max_sessions=max_sessions, resume=resume, overwrite=overwrite,
                          device_map=device_map, template=overrides, drafters=names, ngram=ngram_config,
-                         suffix=suffix_config, part_sessions=part_sessions, head_engine=head_reading)
+                         suffix=suffix_config, part_sessions=part_sessions, head_engine=head_reading, shard=shard_spec,
+                         ray=ray_options)
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
     try:
         # A live line on a terminal, cleared when it stops (a failure leaves its error line alone); a plain
@@ -146,6 +156,19 @@ def replay(
         raise typer.Exit(130)
     if rank0:
         _print_replay_summary(run_dir)
+
+
+def _ray_options(address: Optional[str], replicas: Optional[int], gpus: Optional[float]):
+    """--ray, --replicas, --gpus-per-replica -> cluster.RayOptions (None without --ray). Checked here without
+    importing Ray (the option checks run before anything is loaded)."""
+    if address is None:
+        for option, value in (("--replicas", replicas), ("--gpus-per-replica", gpus)):
+            if value is not None:
+                raise OptionError(f"{option} applies to a replay on Ray; add --ray local|auto|ray://HOST:PORT, or drop it")
+        return None
+    from ..cluster import RayOptions, check_address
+
+    return RayOptions(address=check_address(address), replicas=replicas, gpus_per_replica=gpus)
 
 
 def _sessions_kept(run_dir: Path) -> int:

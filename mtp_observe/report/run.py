@@ -165,7 +165,11 @@ def load_run(path: str | Path, drafter: str | None = None) -> Run:
     with_drafters = drafters != ("mtp",)
     draft_ks = _draft_ks(manifest, chosen, K)
     notes: list[str] = []
-    if status != "complete":
+    if status == "partial":
+        missing = (manifest.get("merged") or {}).get("missing") or {}
+        notes.append(f"a partial merge: {len(missing.get('shards') or [])} shard(s) and {len(missing.get('sessions') or [])} "
+                     "session(s) of the job are missing (run.json merged.missing); the report covers the sessions merged")
+    elif status != "complete":
         notes.append(f"run status is {status!r}: the report covers the sessions written so far")
     elif counts.get("sessions_ok") == 0:
         raise _run_error(path / "run.json", f"the run replayed no session ({counts.get('sessions_skipped', 0)} skipped; "
@@ -194,6 +198,7 @@ def load_run(path: str | Path, drafter: str | None = None) -> Run:
         raise _run_error(positions_path, "has no rows" + (f" of drafter {chosen}" if with_drafters else "") +
                          ": the run scored no assistant tokens, so there is nothing to report")
     session_codes, session_keys = _session_keys(table)
+    session_codes, session_keys = _canonical_order(session_codes, session_keys, path, status, version, manifest, notes)
     sessions = _session_names(session_keys, notes)
     _check_ranges(table, profiles, positions_path, model_free=chosen != "mtp")
     segment_col = table.column("segment").to_pandas().astype("category")
@@ -253,6 +258,32 @@ def load_run(path: str | Path, drafter: str | None = None) -> Run:
                session_keys=session_keys, rows=rows, spans=spans, accepted_len=accepted_len, notes=tuple(notes),
                version=version, own_sampler=own, longest=longest, loop=loop, drafter=chosen, drafters=drafters,
                target_ran=target_ran, accepted_len_by_k=accepted_len_by_k)
+
+
+def _canonical_order(codes: np.ndarray, keys: tuple, path: Path, status: str, version: int, manifest: dict,
+                     notes: list[str]) -> tuple[np.ndarray, tuple]:
+    """Sessions renumbered in input order — requests.parquet `session_index` (version 3) — whatever order their
+    parts list them in (torchrun ranks, merged shards, a Ray job's completion order): so the report of any of those
+    equals the report of one process reading the input in order, bootstrap included (it resamples session
+    numbers). A version-2 run has no such column: its sessions stay in the order its parts list them, which is
+    input order for a run of one process."""
+    if version < 3:
+        if int(manifest.get("world_size") or 1) > 1:
+            notes.append("schema_version 2 run of several processes: no session_index, so sessions are taken in the "
+                         "order its parts list them (each rank's together), not in input order; the bootstrap's draws "
+                         "follow that order (re-run replay to report it as one process would)")
+        return codes, keys
+    req = read_dataset(path / "requests.parquet", ["session_id", "session_index", PART], status)
+    part_index, names = _part_of_rows(req)
+    index_of: dict = {}
+    for p, sid, i in zip(part_index.tolist(), req.column("session_id").to_pylist(),
+                         req.column("session_index").to_pylist()):
+        if i is not None:
+            index_of.setdefault((names[p], sid), i)
+    order = sorted(range(len(keys)), key=lambda s: (index_of.get(keys[s], float("inf")), s))
+    rank = np.empty(len(keys), dtype=np.int64)
+    rank[order] = np.arange(len(keys), dtype=np.int64)
+    return rank[codes], tuple(keys[s] for s in order)
 
 
 def _variant(drafter: str, k: int):

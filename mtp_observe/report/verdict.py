@@ -221,7 +221,10 @@ def judge(overall: "Slice", k: int, gate: Gate | None, recording: RecordingSampl
     lower = float(getattr(overall.lo, field)[at]) if overall.lo is not None else float("nan")
     upper = float(getattr(overall.hi, field)[at]) if overall.hi is not None else float("nan")
     where = f"at K={k}" if by_k else "(depth 1)"
-    if status != "complete":
+    if status == "partial":
+        verdict = ("UNRELIABLE", "a partial merge (merge --allow-partial): shards or sessions are missing (run.json "
+                                 "merged.missing), so it is not a verdict; finish the shards and merge every one")
+    elif status != "complete":
         verdict = ("UNRELIABLE", f"run status is {status!r}: an unfinished run covers only the sessions written so far and "
                                  "is not a verdict; finish it with `mtp-observe replay ... --resume`")
     elif not recording.fits:
