@@ -70,11 +70,12 @@ def _config_if_any(path: Path) -> dict:
 
 
 def identity(info, files, opts, dtype, device: str, ranks, fallback, fallback_name: str, roster,
-             model_dir: Path | None = None) -> dict:
+             model_dir: Path | None = None, serving=None) -> dict:
     """What a resumed run must share with the interrupted one for its rows to be the same (tables.py).
-    info None: a model-free replay, which depends on the tokenizer and the end-of-turn ids alone."""
+    info None: a model-free replay, which depends on the tokenizer and the end-of-turn ids alone. serving: the
+    serving.ServingNumerics the target and head were loaded for (run.json `serving`, schema 3)."""
     from . import __version__
-    from .checkpoint import tokenizer_sha256, weights_fingerprint
+    from .checkpoint import describe_rules, linear_rules, tokenizer_sha256, weights_fingerprint
     from .sessions import input_name
 
     path = info.path if info is not None else Path(model_dir)
@@ -95,6 +96,8 @@ def identity(info, files, opts, dtype, device: str, ranks, fallback, fallback_na
         "recorded_with": opts.recorded_with,
         "drafters": roster.manifest(),
         "target_ran": info is not None,
+        "serving": None if serving is None else {
+            **serving.manifest(), "linears": describe_rules(linear_rules(info, serving)) if info is not None else {}},
         "inputs": [{"path": input_name(f), "sha256": sha256_file(f)} for f in files],
         "options": {"chunk_size": opts.chunk_size, "on_error": opts.on_error, "max_sessions": opts.max_sessions,
                     "device_map": opts.device_map},
