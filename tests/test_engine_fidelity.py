@@ -204,3 +204,33 @@ def test_the_dynamic_schedule_is_exported_with_the_limits_where_vllm_drops_it(mt
     limits = doc["dynamic_speculative_config_limits"]
     assert "data parallelism" in limits and "suffix decoding" in limits
     assert any("dropped under data parallelism" in line for line in serve_lines(scheduled))
+
+
+def test_a_version_2_run_is_read_with_notes_of_what_it_lacks_and_its_drafts_end_at_the_end_of_their_turn(
+        variable_run, tmp_path):
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    old = tmp_path / "v2"
+    shutil.copytree(variable_run, old)
+    for part in (old / "positions.parquet").glob("*.parquet"):  # a version-2 run had no draft_len, no runner
+        pq.write_table(pq.read_table(part).drop_columns(["draft_len"]), part)
+    manifest = json.loads((old / "run.json").read_text())
+    manifest["schema_version"] = 2
+    manifest.pop("serving", None)
+    for about in manifest["drafters"].values():
+        about.pop("runner", None)
+    (old / "run.json").write_text(json.dumps(manifest))
+    reading = read_and_summarize(old, drafter="suffix", replicates=20)
+    notes = " ".join(reading.report.notes)
+    assert "before schema_version 3 (it is 2): its n-gram rows follow vLLM's V1 proposer" in notes
+    assert "suffix's drafts have no recorded lengths" in notes and "a lower bound" in notes
+    # the drafts read to end at the end of their turn: the steps with a draft are the same, the draft tokens
+    # of a turn's last steps fewer (a lower bound), never more
+    now, then = engine_numbers(read_and_summarize(variable_run, drafter="suffix", replicates=20).report, K), \
+        engine_numbers(reading.report, K)
+    assert then.steps == now.steps and then.per_pos_counts == now.per_pos_counts
+    assert then.draft_tokens <= now.draft_tokens
+    doc = json.loads(export(reading, "vllm", K))  # and it still exports
+    assert doc["speculative_config"]["method"] == "suffix"
