@@ -62,6 +62,9 @@ def compare(a, b, run: Path) -> dict:
         "mean_abs_d_target_logprob": float((a.target_logprob - b.target_logprob).abs().mean()),
         "max_abs_d_draft_logprob": float((a.draft_logprob - b.draft_logprob).abs().max()),
         "mean_abs_d_draft_logprob": float((a.draft_logprob - b.draft_logprob).abs().mean()),
+        # depth-1 matches the copy gains and loses against the original (α1 moves by their difference)
+        "depth1_matches_gained": int(((a.depth == 1) & b.match & ~a.match).sum()),
+        "depth1_matches_lost": int(((a.depth == 1) & a.match & ~b.match).sum()),
         "alpha_1": float(report.overall.value.alpha[0]),
         "tau_sim_3": float(report.overall.value.tau_sim[2]),
     }
