@@ -11,7 +11,9 @@ after rendering, so its peak resident memory is its own: the OS's peak for that 
 (mtp_observe.memory: `os.wait4`), beside the same process doing nothing but load the tokens ("load").
 
     load             load the rendered tokens (the baseline every other line includes)
-    ngram            vLLM's prompt lookup, 5,5 (vLLM's defaults), at K
+    ngram            vLLM's prompt lookup, 5,5 (vLLM's defaults), at K, as vLLM 0.33's default V2 runner proposes it
+                     (the most recent match, always K tokens)
+    ngram-v1         the same as the V1 runner's CPU proposer (the earliest match, short or no drafts)
     suffix           suffix decoding at vLLM's defaults, at K
     suffix-by-k      the same, with the draft at every K' <= K (by_k) — and how often it is not the
                      first K' tokens of the draft at K
@@ -21,8 +23,9 @@ after rendering, so its peak resident memory is its own: the OS's peak for that 
 
 Reported per drafter: seconds (compiling or loading the compiled code excluded and shown apart),
 anchors/s, peak RSS; the acceptance the drafts would get against the recorded tokens: the share of
-anchors with a proposal, α₁ (d₁ matched), the mean accepted length, and τ_sim(K') for K' <= K
-(the simulated decode, metrics.simulate_decode).
+anchors with a proposal, α₁ (d₁ matched), the mean accepted length, τ_sim(K') for K' <= K
+(the simulated decode, metrics.simulate_decode), and at K the mean acceptance length vLLM's counters would
+show (1 + accepted / steps with a draft, over the simulated decode's steps: metrics.decode_walk).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from mtp_observe.memory import run_measured  # noqa: E402  (imports nothing heavy)
 
-DRAFTERS = ("load", "ngram", "suffix", "suffix-by-k", "suffix-no-keep", "suffix-outputs")
+DRAFTERS = ("load", "ngram", "ngram-v1", "suffix", "suffix-by-k", "suffix-no-keep", "suffix-outputs")
 
 
 def public_files() -> list[Path]:
@@ -96,12 +99,13 @@ class Tally:
         self.accepted = 0
         self.steps = np.zeros(k, dtype=np.int64)
         self.emitted = 0
+        self.drafted_steps = self.step_accepted = 0  # at K: steps with a draft, drafts those steps accepted
 
     def add(self, tokens, spans, drafts_by_k) -> None:
         """drafts_by_k(K') -> [A, K'] proposals drafted at K' (the first K' columns of one draft when
         the drafter's drafts are prefixes of each other)."""
         from mtp_observe.drafters import accepted_length, anchors, span_ends
-        from mtp_observe.metrics import simulate_decode
+        from mtp_observe.metrics import decode_walk, simulate_decode
 
         anchor, ends = anchors(spans), span_ends(spans)
         span_len = spans[:, 1] - np.maximum(spans[:, 0], 1)
@@ -115,11 +119,16 @@ class Tally:
         for kk in range(1, self.k + 1):
             acc_k = acc if kk == self.k else accepted_length(tokens, anchor, ends, drafts_by_k(kk))
             self.steps[kk - 1] += int(simulate_decode(acc_k, span_len, kk).sum())
+        walk = decode_walk(acc, span_len, self.k, (full >= 0).sum(axis=1))
+        self.drafted_steps += int(walk.step_drafted[:, 0].sum())
+        self.step_accepted += int(walk.step_accepted.sum())
 
     def summary(self) -> dict:
         return {"anchors": self.anchors, "proposed": self.proposed / max(self.anchors, 1),
                 "alpha_1": self.first / max(self.anchors, 1), "mean_accepted": self.accepted / max(self.anchors, 1),
-                "tau_sim": [self.emitted / s if s else float("nan") for s in self.steps.tolist()]}
+                "tau_sim": [self.emitted / s if s else float("nan") for s in self.steps.tolist()],
+                "engine_mean_acceptance_length": 1 + self.step_accepted / max(self.drafted_steps, 1),
+                "drafted_steps": self.drafted_steps / max(int(self.steps[-1]), 1)}
 
 
 def worker(name: str, data_path: Path, k: int) -> dict:
@@ -134,14 +143,17 @@ def worker(name: str, data_path: Path, k: int) -> dict:
         return out
     warm = time.perf_counter()
     tiny = (np.arange(64, dtype=np.int32) % 7, np.array([[30, 60]]))
-    (NgramDrafter() if name == "ngram" else SuffixDecoding()).propose(*tiny, k, **({"by_k": True} if name == "suffix-by-k" else {}))
+    (NgramDrafter() if name.startswith("ngram") else SuffixDecoding()).propose(
+        *tiny, k, **({"by_k": True} if name == "suffix-by-k" else {}))
     out["compile_or_load_s"] = time.perf_counter() - warm
     tally, truncated = Tally(k), Tally(k)
     differs = np.zeros(k, dtype=np.int64)
     start = time.perf_counter()
     drafting = 0.0
-    if name == "ngram":
-        drafter = NgramDrafter()
+    if name.startswith("ngram"):
+        from mtp_observe.drafters.ngram import NgramConfig
+
+        drafter = NgramDrafter(NgramConfig(runner="v1" if name == "ngram-v1" else "v2"))
         for tokens, spans, _ in requests_of(data):
             t0 = time.perf_counter()
             got = drafter.propose(tokens, spans, k)
@@ -226,12 +238,13 @@ def main() -> None:
     print(f"{result['sessions']} sessions, {result['requests']} requests, {result['tokens']:,} tokens replayed, "
           f"{result['spans']} scored spans; import {result['import_s']:.1f} s, render {result['render_s']:.1f} s; K = {args.k}")
     print(f"{'drafter':16} {'seconds':>8} {'compile':>8} {'anchors/s':>10} {'peak RSS':>9} {'proposed':>8} {'alpha_1':>7} "
-          f"{'mean acc':>8}  tau_sim(1..K)")
+          f"{'mean acc':>8} {'vLLM MAL':>8}  tau_sim(1..K)")
     for d in result["drafters"]:
         tau = " ".join(f"{t:.3f}" for t in d.get("tau_sim", []))
         print(f"{d['drafter']:16} {d.get('drafting_s', 0):8.2f} {d.get('compile_or_load_s', 0):8.2f} "
               f"{d.get('anchors_per_s', 0):10,.0f} {d['peak_rss_mb']:7.0f}MB {d.get('proposed', 0):8.3f} "
-              f"{d.get('alpha_1', 0):7.3f} {d.get('mean_accepted', 0):8.3f}  {tau}")
+              f"{d.get('alpha_1', 0):7.3f} {d.get('mean_accepted', 0):8.3f} {d.get('engine_mean_acceptance_length', 0):8.3f}"
+              f"  {tau}")
         if "not_a_prefix" in d:
             print(f"{'':16} draft at K' is not the first K' of the draft at K: "
                   + " ".join(f"{x:.3f}" for x in d["not_a_prefix"])

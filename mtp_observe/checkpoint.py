@@ -580,11 +580,35 @@ def dequantize_blockwise(q, scale_inv, block: tuple[int, int]):
     return q.float() * scale
 
 
-class _Reader:
-    """Reads tensors of one checkpoint by name, opening each shard once; FP8 weights come back dequantised."""
+def linear_rules(info: CheckpointInfo, serving) -> dict:
+    """{checkpoint name: serving.LinearRule} for every block-FP8 linear weight (a matrix, not a routed expert's: vLLM's
+    Fp8MoEMethod kernels are not modelled) under `serving` (serving.ServingNumerics; None, or a checkpoint that is
+    not block-FP8: {})."""
+    if serving is None or info.quantization is None:
+        return {}
+    from .serving import linear_rule
 
-    def __init__(self, info: CheckpointInfo):
+    model_type = info.text_config.get("model_type")
+    return {name: linear_rule(serving, model_type, e.shape[0], e.shape[1], info.quantization.block)
+            for name, e in info.tensors.items()
+            if e.dtype == FP8_DTYPE and len(e.shape) == 2 and ".experts." not in name}
+
+
+def describe_rules(rules: dict) -> dict[str, int]:
+    """{what a rule does: how many linears follow it} (run.json serving.linears)."""
+    out: dict[str, int] = {}
+    for rule in rules.values():
+        out[rule.describe()] = out.get(rule.describe(), 0) + 1
+    return dict(sorted(out.items()))
+
+
+class _Reader:
+    """Reads tensors of one checkpoint by name, opening each shard once; FP8 weights come back dequantised (and
+    re-quantised where their serving rule says vLLM does that at load: `rules`, linear_rules)."""
+
+    def __init__(self, info: CheckpointInfo, rules: dict | None = None):
         self.info = info
+        self.rules = rules or {}
         self.files: dict[str, object] = {}
 
     def _file(self, f: str):
@@ -614,6 +638,11 @@ class _Reader:
         if self.info.tensors[name].dtype == FP8_DTYPE:
             assert scale is not None and self.info.quantization is not None, name  # read_checkpoint checked it
             t = dequantize_blockwise(t, self.raw(scale), self.info.quantization.block)
+            rule = self.rules.get(name)
+            if rule is not None and rule.weights == "ue8m0":
+                from .fp8 import requantise_ue8m0
+
+                t = requantise_ue8m0(t, self.info.quantization.block)
         return t if dtype is None else t.to(dtype)
 
 
@@ -627,15 +656,20 @@ def load_tensors(info: CheckpointInfo, names: list[str], device: str = "cpu", dt
     return out
 
 
-def load_head_tensors(info: CheckpointInfo, device: str = "cpu", dtype=None) -> dict:
+def load_head_tensors(info: CheckpointInfo, device: str = "cpu", dtype=None, serving=None) -> dict:
     """The head's tensors keyed without the head's prefix ("mtp." or "model.layers.{L}."), in the form the head
     runs: FP8 weights dequantised, block scales consumed, routed experts as the fused stacks
     `{layer}mlp.experts.gate_up_proj` [E, 2I, H] (gate rows, then up rows) and `{layer}mlp.experts.down_proj`
     [E, H, I] whatever the stored layout. Per-expert tensors are written into the stacks one expert at a time (no
-    second copy of the experts). A NextN layer's copies of the embedding and lm_head are not read."""
+    second copy of the experts). A NextN layer's copies of the embedding and lm_head are not read.
+    serving (serving.ServingNumerics): block-FP8 linears as that device serves them (fp8.py: weights re-quantised
+    where vLLM does, and weights whose F.linear quantises its input under W8A8)."""
     import torch
 
-    reader = _Reader(info)
+    from .fp8 import w8a8
+
+    rules = linear_rules(info, serving)
+    reader = _Reader(info, rules)
     prefix, layer = info.head_prefix, info.names.layer
     names = [n for n in info.head_weights if not n.endswith(SCALE_SUFFIX)]
     out = {}
@@ -655,7 +689,8 @@ def load_head_tensors(info: CheckpointInfo, device: str = "cpu", dtype=None) -> 
         out[layer + "mlp.experts.down_proj"] = down
         names = [n for n in names if not n.startswith(p)]
     for n in sorted(names, key=lambda n: (info.tensors[n].file, n)):
-        out[n[len(prefix):]] = reader.value(n, dtype).to(device=device)
+        value = reader.value(n, dtype).to(device=device)
+        out[n[len(prefix):]] = w8a8(value, rules[n]) if n in rules else value
     return out
 
 
@@ -663,22 +698,32 @@ class _DequantisedSlice:
     """A state-dict value transformers' loader materialises with `value[...]` (as it does a safetensors slice):
     the block-FP8 weight dequantised with weight_block_size, read only when the loader asks for it."""
 
-    def __init__(self, info: CheckpointInfo, name: str, dtype):
-        self.info, self.name, self.dtype = info, name, dtype
+    def __init__(self, info: CheckpointInfo, name: str, dtype, rules: dict | None = None):
+        self.info, self.name, self.dtype, self.rules = info, name, dtype, rules
 
     def __getitem__(self, index):
         assert index is Ellipsis, index
-        return _Reader(self.info).value(self.name, self.dtype)
+        return _Reader(self.info, self.rules).value(self.name, self.dtype)
 
 
-def load_target(info: CheckpointInfo, device: str = "cpu", dtype=None, device_map=None):
+def target_module_name(info: CheckpointInfo, name: str) -> str:
+    """The transformers causal LM's module of a checkpoint weight: `model.language_model.layers.0.mlp.up_proj.weight`
+    (VLM layout) or `model.layers.0.mlp.up_proj.weight` -> `model.layers.0.mlp.up_proj`."""
+    assert name.endswith(".weight"), name
+    stem = name[: -len(".weight")]
+    prefix = info.text_prefix
+    return "model." + stem[len(prefix):] if stem.startswith(prefix) else stem
+
+
+def load_target(info: CheckpointInfo, device: str = "cpu", dtype=None, device_map=None, serving=None):
     """The target as transformers' own causal LM for the family (vision tower and mtp.* are not loaded).
 
     transformers maps `model.language_model.*` onto the causal LM's `model.*`, and per-expert tensors
     onto its fused experts, itself; every text weight must load (a missing one would silently stay at
     its random init). A block-FP8 checkpoint loads from a state dict whose FP8 weights are dequantised
     here (module doc); its quantization_config is removed from the config so transformers builds plain
-    modules rather than its own FP8 layers.
+    modules rather than its own FP8 layers. serving (serving.ServingNumerics): its block-FP8 linears as that
+    device serves them (fp8.py), as load_head_tensors.
     """
     import torch
     import transformers
@@ -701,7 +746,8 @@ def load_target(info: CheckpointInfo, device: str = "cpu", dtype=None, device_ma
         kwargs = {}
         if info.quantization is not None:
             # The whole text state, by checkpoint name (scales consumed, head and vision left out).
-            kwargs["state_dict"] = {n: _DequantisedSlice(info, n, dtype) for n in info.target_names
+            rules = linear_rules(info, serving)
+            kwargs["state_dict"] = {n: _DequantisedSlice(info, n, dtype, rules) for n in info.target_names
                                     if not n.endswith(SCALE_SUFFIX)}
         model_class = getattr(transformers, info.family.causal_lm)
         model, loading = model_class.from_pretrained(
@@ -724,6 +770,11 @@ def load_target(info: CheckpointInfo, device: str = "cpu", dtype=None, device_ma
         model.to(device)
     model.eval()
     model.requires_grad_(False)
+    rules = linear_rules(info, serving)
+    if rules:
+        from .fp8 import wrap_linears
+
+        wrap_linears(model, {target_module_name(info, n): rule for n, rule in rules.items() if n in info.target_names})
     return model
 
 

@@ -153,14 +153,16 @@ class Replica:
     decoding's tree has been fed so far (`fed`: the input index of the last session it saw)."""
 
     def __init__(self, model_dir: str, opts, device: str, dtype: str | None, fault: Fault | None = None):
-        from .pipeline import DTYPES, drafter_roster, load_model
+        from .checkpoint import read_checkpoint
+        from .pipeline import DTYPES, drafter_roster, load_model, serving_for
         from .routing import RouterRecorder
 
         self.opts, self.fault = opts, fault
         self.roster = drafter_roster(opts)
         device_map = "auto" if device == "cuda" and _visible_gpus() > 1 else opts.device_map
         self.model = (load_model(model_dir, device=device, dtype=DTYPES[dtype], device_map=device_map,
-                                 head_engine=opts.head_engine)
+                                 head_engine=opts.head_engine,
+                                 serving=serving_for(opts, read_checkpoint(model_dir)))
                       if self.roster.needs_model else None)
         self.recorder = RouterRecorder(self.model.target, opts.k + 1) if self.model is not None else None
         if self.recorder is not None and not self.recorder.active:

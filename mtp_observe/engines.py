@@ -19,7 +19,12 @@ below describes one verify step, drawn independently per step, so an engine fed 
 decode that is not the one it will run. metrics.py's docstring defines the counts; vLLM's counters count a step's
 drafts that reach the end-of-turn token as accepted (its counts are taken from the sampler's output before the
 stop check), and so does the run; drafts past the end-of-turn token, which the run has no row for, count as
-rejected (a lower bound there).
+rejected (a lower bound there). vLLM counts a step only when the drafter proposed tokens, and a short proposal as
+that many draft tokens (metrics.py: step_drafted); so do these numbers, and the synthetic rates of a drafter whose
+steps draft fewer than K are rates over the steps that drafted that far (synthetic_rates). Which vLLM runner's
+rules a drafter's rows follow (n-gram's V2 speculator by default, V1 for suffix decoding) is in run.json
+drafters.NAME.runner; the export says it (engine_notes), and the serve line of a V1 n-gram run sets
+VLLM_USE_V2_MODEL_RUNNER=0 (docs/engine-fidelity.md).
 
 Sources (read with the search tools; file at the stored commit; no key here is invented):
 - vLLM `--speculative-config` keys: vllm-project/vllm@002e77c1 vllm/config/speculative.py — `method` ("mtp"; the
@@ -52,8 +57,12 @@ Sources (read with the search tools; file at the stored commit; no key here is i
 - TensorRT-LLM: NVIDIA/TensorRT-LLM@00b6d5a2 tensorrt_llm/_torch/speculative/interface.py
   (`TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS`: accepted *draft* tokens, the bonus token excluded — the engine
   adds one; a float on the one-model path (MTP): integer part always accepted, fraction the chance of one more;
-  an integer on the two-model path, where a fraction is refused and forcing silently turns off; 0 is off);
-  the draft length is `MTPDecodingConfig.num_nextn_predict_layers` (tensorrt_llm/llmapi/llm_args.py).
+  an integer on the two-model path, where a fraction is refused and forcing silently turns off; 0 is off).
+  The draft length is `MTPDecodingConfig.max_draft_len` (NVIDIA/TensorRT-LLM@011d0933 tensorrt_llm/llmapi/llm_args.py,
+  after PR #12341 "decouple MTP num_nextn_predict_layers from max_draft_len"): `num_nextn_predict_layers` is now an
+  internal field filled from the checkpoint, and a value given by hand is remapped to max_draft_len with a
+  deprecation warning (`_remap_deprecated_num_nextn_predict_layers`); the mode follows the checkpoint's MTP layers
+  (`trtllm_mode`).
 - NVIDIA Model-Optimizer `speculation_profile.json`: examples/specdec_bench/specdec_bench/speculation_profile.py
   at commit edf879d3 (open PR stack #2313/#2247; not in the released package, not importable here):
   SCHEMA_VERSION "1.0", the keys of `build_profile`, marginal[i] = P(length >= i + 2), conditional[i] =
@@ -73,6 +82,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,10 +117,10 @@ class EngineNumbers:
 
     k: int
     level: float  # interval level (0.95)
-    steps: int  # vLLM num_drafts
+    steps: int  # vLLM num_drafts: the simulated decode's steps whose draft holds a token (every step: mtp, V2 n-gram)
     accepted: int  # num_accepted_tokens
     per_pos_counts: tuple[int, ...]  # [K] num_accepted_tokens_per_pos
-    histogram: tuple[int, ...]  # [K+1] steps by accepted drafts 0..K
+    histogram: tuple[int, ...]  # [K+1] steps (with a draft) by accepted drafts 0..K
     per_position: np.ndarray  # [K] per_pos / num_drafts = the marginal rates
     per_position_lo: np.ndarray | None  # [K]
     per_position_hi: np.ndarray | None
@@ -121,10 +131,25 @@ class EngineNumbers:
     accept_rate: np.ndarray  # [K] all-anchor A_k
     tau: float  # all-anchor τ(K) = 1 + Σ A_k
     tau_sim: float  # tokens / steps of the simulated decode (no bonus token past the end of a turn)
+    drafted: tuple[int, ...] = ()  # [K] steps whose draft holds at least k tokens (drafted[0] = steps); () = K each
+
+    @property
+    def drafted_per_pos(self) -> tuple[int, ...]:
+        return self.drafted or (self.steps,) * self.k
 
     @property
     def draft_tokens(self) -> int:
-        return self.k * self.steps  # every step drafts K, the last of a turn too
+        return sum(self.drafted_per_pos)  # vLLM num_draft_tokens: K per step for mtp, the last of a turn too
+
+    @property
+    def variable_length(self) -> bool:
+        """Whether some step drafted fewer than K tokens (suffix decoding, V1's n-gram)."""
+        return any(d != self.steps for d in self.drafted_per_pos)
+
+    @property
+    def synthetic_rates(self) -> list[float]:
+        """What vLLM's synthetic_acceptance_rates must be to reproduce the run (synthetic_rates())."""
+        return synthetic_rates(self.per_pos_counts, self.drafted_per_pos)
 
     @property
     def conditional(self) -> list[float]:
@@ -134,6 +159,44 @@ class EngineNumbers:
             out.append(float(m) / prev if prev > 0 else 0.0)
             prev = float(m)
         return out
+
+
+def synthetic_rates(accepted: tuple[int, ...], drafted: tuple[int, ...]) -> list[float]:
+    """vLLM's `synthetic_acceptance_rates` under which its synthetic sampler, on steps drafting as the run's did,
+    accepts the run's drafts: accepted [K] steps accepting at least k drafts, drafted [K] steps drafting at least k.
+
+    vLLM's synthetic rejection sampler (vllm/v1/sample/rejection_sampler.py, rejection_greedy_sample_kernel
+    :793-844 and rejection_random_sample_kernel :896-954; V2 vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py
+    `_rejection_kernel`) walks a step's own drafts only (`for pos in range(num_draft_tokens)`), accepting draft pos
+    with the conditional rate c_pos = p_pos / p_{pos-1} (vllm/v1/spec_decode/utils.py:848-851
+    `unconditional_to_conditional_rates`); a step that drafted j < K tokens accepts at most j, one that drafted
+    nothing has no draft. So P(a step drafting j accepts at least k) = p_{k-1} for k <= j, and the expected accepted
+    drafts are Σ_k p_{k-1} · drafted[k-1]: p_{k-1} = accepted[k-1] / drafted[k-1] (the rate over the steps that
+    drafted at least k) gives the run's. vLLM refuses rates that increase (vllm/config/speculative.py:600-632
+    `_resolve_synthetic_acceptance_rates`), which a variable-length drafter can have (long drafts come where they
+    are accepted); adjacent violators are pooled, weighted by drafted (Σ accepted / Σ drafted over the pool), which
+    keeps Σ_k p_{k-1} · drafted[k-1] = Σ accepted, so the mean acceptance length still comes out the run's while
+    the per-position rates inside a pool are averaged. Positions no step drafted are 0.
+
+    Worked example: drafted [10, 4], accepted [5, 3] -> raw [0.5, 0.75] -> pooled 8 / 14 = 0.571429 at both
+    (14 · 0.571429 = 8 accepted drafts over 10 steps: mean acceptance length 1.8, as the run's). Every step
+    drafting K (drafted [n] * K) gives accepted / n: the run's per-position rates, unchanged.
+    """
+    assert len(accepted) == len(drafted) and all(0 <= a <= d for a, d in zip(accepted, drafted)), (accepted, drafted)
+    assert all(b <= a for a, b in zip(drafted, drafted[1:])), drafted
+    blocks: list[list[float]] = []  # [accepted, drafted, positions] pooled from the left
+    for a, d in zip(accepted, drafted):
+        blocks.append([float(a), float(d), 1])
+        while len(blocks) > 1 and blocks[-1][1] > 0 and \
+                blocks[-1][0] * blocks[-2][1] > blocks[-2][0] * blocks[-1][1]:  # the later rate is larger: pool
+            a2, d2, n2 = blocks.pop()
+            blocks[-1] = [blocks[-1][0] + a2, blocks[-1][1] + d2, blocks[-1][2] + n2]
+    rates: list[float] = []
+    for a, d, n in blocks:
+        rates += [a / d if d > 0 else 0.0] * int(n)
+    out = [round(r, DIGITS) for r in rates]
+    assert all(b <= a for a, b in zip(out, out[1:])), out
+    return out
 
 
 def _check_k(report: Report, k: int | None) -> int:
@@ -148,10 +211,15 @@ def engine_numbers(report: Report, k: int | None = None) -> EngineNumbers:
     k = _check_k(report, k)
     o = report.overall
     counts = o.per_session.total()
-    steps = int(np.asarray(counts.steps)[k - 1])
-    if steps == 0:
+    if int(np.asarray(counts.steps)[k - 1]) == 0:
         raise OptionError(f"{report.path}: the run has no simulated decode steps at K={k} (no scored turns); "
                           "replay sessions with generated turns")
+    drafted = (tuple(int(x) for x in np.asarray(counts.step_drafted)[k - 1, :k]) if counts.step_drafted is not None
+               else (int(np.asarray(counts.steps)[k - 1]),) * k)
+    steps = drafted[0]  # vLLM's num_drafts: the steps with a draft
+    if steps == 0:
+        raise OptionError(f"{report.path}: the {report.drafter} drafter proposed nothing at any step of the simulated "
+                          f"decode at K={k}: an engine would count no draft")
     per_pos_counts = [int(x) for x in np.asarray(counts.step_accepted)[k - 1, :k]]
     reaching = [steps] + per_pos_counts
     histogram = tuple(reaching[j] - reaching[j + 1] for j in range(k)) + (reaching[k],)
@@ -173,7 +241,7 @@ def engine_numbers(report: Report, k: int | None = None) -> EngineNumbers:
         mean_acceptance_length_hi=None if hi_mal is None else float(hi_mal[k - 1]),
         draft_acceptance_rate=float(v.draft_acceptance_rate[k - 1]),
         accept_rate=np.asarray(v.accept_rate[:k], dtype=np.float64), tau=float(v.tau[k - 1]),
-        tau_sim=float(v.tau_sim[k - 1]),
+        tau_sim=float(v.tau_sim[k - 1]), drafted=drafted,
     )
 
 
@@ -189,21 +257,50 @@ _VLLM_SUFFIX_KEYS = (("suffix_decoding_max_tree_depth", "max_tree_depth"),
 
 
 VLLM_DRAFTERS = ("mtp", "ngram", "suffix")  # the run's drafters vLLM serves (its "method"); not the hybrids
+# Arctic's cache takes -1 for "no limit" and refuses more than 2^31 - 1 (arctic_inference/suffix_decoding/cache.py
+# SuffixDecodingCache.__init__); vLLM refuses < 0 (vllm/config/speculative.py:1746-1750 `_validate_suffix_decoding`).
+# 2^31 - 1 cached requests is what both accept that never evicts: the unlimited cache the run measured.
+UNLIMITED_CACHED_REQUESTS = 0x7FFFFFFF
+
+
+def drafter_runner(manifest: dict, drafter: str) -> str:
+    """The vLLM model runner the run's drafter rows describe (run.json drafters.NAME.runner, drafters/roster.py);
+    a run written before it has none: its n-gram and suffix rows followed V1's rules, its mtp rows V2's."""
+    entry = (manifest.get("drafters") or {}).get(drafter) or {}
+    runner = entry.get("runner") if isinstance(entry, dict) else None
+    return runner if runner in ("v1", "v2") else ("v2" if drafter == "mtp" else "v1")
+
+
+def vllm_unservable(drafter: str, params: dict | None) -> str | None:
+    """Why vLLM cannot serve the drafter as the run measured it (None: it can): a hybrid, or suffix decoding with
+    an Arctic option vLLM has no key for (max_spec_offset: vLLM never passes it, vllm/v1/spec_decode/suffix_decoding.py
+    leaves SuffixDecodingCache.speculate's default 0.0)."""
+    if drafter not in VLLM_DRAFTERS:
+        return f"vLLM serves no {drafter} drafter"
+    offset = (params or {}).get("max_spec_offset") or 0.0
+    if drafter == "suffix" and offset != 0:
+        return (f"the run's suffix drafter used --suffix-max-spec-offset {offset:g}, and vLLM has no such option (it "
+                "always drafts with offset 0); replay with --suffix-max-spec-offset 0 to measure what vLLM serves")
+    return None
 
 
 def vllm_speculative_config(k: int, drafter: str = "mtp", params: dict | None = None) -> dict | None:
-    """vLLM's --speculative-config for the run's drafter at draft length K (static); None for a drafter vLLM does
-    not serve (the hybrids). ngram and suffix carry the run's own parameters (run.json drafters)."""
+    """vLLM's --speculative-config for the run's drafter at draft length K (static); None for a drafter vLLM cannot
+    serve as measured (vllm_unservable). ngram and suffix carry the run's own parameters (run.json drafters); a
+    suffix cache without a limit (negative) becomes UNLIMITED_CACHED_REQUESTS, which vLLM accepts."""
     params = params or {}
+    if vllm_unservable(drafter, params) is not None:
+        return None
     if drafter == "mtp":
         return {"method": "mtp", "num_speculative_tokens": k}
     if drafter == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": params["prompt_lookup_min"],
                 "prompt_lookup_max": params["prompt_lookup_max"]}
-    if drafter == "suffix":
-        return {"method": "suffix", "num_speculative_tokens": k,
-                **{key: params[name] for key, name in _VLLM_SUFFIX_KEYS if name in params}}
-    return None
+    config = {"method": "suffix", "num_speculative_tokens": k,
+              **{key: params[name] for key, name in _VLLM_SUFFIX_KEYS if name in params}}
+    if config.get("suffix_decoding_max_cached_requests", 0) < 0:
+        config["suffix_decoding_max_cached_requests"] = UNLIMITED_CACHED_REQUESTS
+    return config
 
 
 def report_speculative_config(report: Report, k: int) -> dict | None:
@@ -211,10 +308,46 @@ def report_speculative_config(report: Report, k: int) -> dict | None:
     return vllm_speculative_config(k, drafter, (report.manifest.get("drafters") or {}).get(drafter))
 
 
+def engine_notes(report: Report) -> list[str]:
+    """What a vLLM user must know to serve the drafter the run measured (which runner, what vLLM counts)."""
+    drafter = report.drafter
+    params = (report.manifest.get("drafters") or {}).get(drafter) or {}
+    runner = drafter_runner(report.manifest, drafter)
+    notes = []
+    if drafter == "ngram" and runner == "v2":
+        notes.append("n-gram as vLLM 0.33's V2 model runner proposes it (its default on CUDA): the longest match, its "
+                     "most recent occurrence, always K draft tokens (slots past the match hold the last token), so "
+                     "every step is a K-token draft; VLLM_USE_V2_MODEL_RUNNER=0 (or a feature V2 lacks) would run the "
+                     "V1 proposer instead, which the run did not measure (replay --ngram-runner v1)")
+    elif drafter == "ngram":
+        notes.append("n-gram as vLLM's V1 CPU proposer proposes it (the earliest match, short or no drafts): serve "
+                     "with VLLM_USE_V2_MODEL_RUNNER=0, else vLLM 0.33 runs its V2 speculator, which the run did not "
+                     "measure (replay --ngram-runner v2)")
+    if drafter in ("ngram", "suffix") and runner == "v1":
+        notes.append("vLLM counts a step as a draft only when the drafter proposed tokens, and a short proposal as "
+                     "that many draft tokens; the expected metrics are counted the same way, and the synthetic "
+                     "acceptance rates are rates over the steps that drafted that far")
+    if drafter == "suffix" and (params.get("max_cached_requests") or 0) < 0:
+        notes.append(f"the run's suffix cache had no limit (max_cached_requests {params.get('max_cached_requests')}), "
+                     f"which vLLM refuses (>= 0): suffix_decoding_max_cached_requests {UNLIMITED_CACHED_REQUESTS} "
+                     "(2^31 - 1, the most Arctic's cache takes) never evicts either")
+    return notes
+
+
+# Where vLLM drops num_speculative_tokens_per_batch_size (a warning, then the static num_speculative_tokens):
+# vllm/config/vllm.py:1110-1127 `_maybe_disable_dynamic_sd_for_data_parallel` (data_parallel_size > 1, every
+# method) and :1088-1108 `_maybe_disable_dynamic_sd_for_v1` (V1 runner, methods other than ngram, eagle, eagle3,
+# mtp, draft_model, dflash: suffix decoding, which always runs on V1, vllm/config/vllm.py:3053-3087).
+DYNAMIC_LIMITS = ("vLLM drops num_speculative_tokens_per_batch_size with a warning and serves the static "
+                  "num_speculative_tokens under data parallelism (data_parallel_size > 1, any method) and for suffix "
+                  "decoding (its V1 runner does not support it); with tensor parallelism alone it applies")
+
+
 def dynamic_config(report: Report) -> dict | None:
     """vLLM's dynamic speculative decoding config from the report's schedule over batch sizes (report.batch,
     cost.schedule: `num_speculative_tokens_per_batch_size`, K capped at `num_speculative_tokens`), when the
-    schedule changes K across batch sizes (one range is the static config) and the drafter is MTP."""
+    schedule changes K across batch sizes (one range is the static config) and the drafter is MTP (the limits of
+    DYNAMIC_LIMITS, stated wherever the schedule is written)."""
     b = report.batch
     if b is None or report.drafter != "mtp" or len(b.schedule) < 2:
         return None
@@ -222,9 +355,11 @@ def dynamic_config(report: Report) -> dict | None:
 
 
 def vllm_synthetic_config(config: dict, n: EngineNumbers) -> dict:
-    """vLLM's synthetic rejection sampler fed the run's per-step marginal rates: its per_pos / num_drafts then
-    reproduce the run's, and 1 + Σ rates its mean acceptance length."""
-    rates = [round(float(x), DIGITS) for x in n.per_position]
+    """vLLM's synthetic rejection sampler fed the rates that reproduce the run (synthetic_rates): for a drafter that
+    drafts K at every step, the run's per-step marginal rates (its per_pos / num_drafts then reproduce the run's,
+    and 1 + Σ rates its mean acceptance length); for a variable-length one, rates over the steps that drafted that
+    far, so that the engine, drafting as the run's drafter did, comes to the run's mean acceptance length."""
+    rates = n.synthetic_rates
     assert all(0.0 <= r <= 1.0 for r in rates) and all(b <= a for a, b in zip(rates, rates[1:])), rates
     return {**config, "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": rates}
 
@@ -280,14 +415,17 @@ def serve_lines(report: Report) -> list[str]:
     else:
         lead = f"UNRELIABLE: no configuration yet; {what} at the best K={k} would be:"
     if config is None:
-        return [f"{lead} no engine flag (vLLM and SGLang serve no {drafter} drafter)"]
+        why = vllm_unservable(drafter, (report.manifest.get("drafters") or {}).get(drafter))
+        return [f"{lead} no engine flag ({why}{'' if drafter in VLLM_DRAFTERS else '; nor does SGLang'})"]
     dynamic = dynamic_config(report)
-    lines = [f"{lead} vllm serve MODEL --speculative-config '{_json(config)}'"]
+    env = "VLLM_USE_V2_MODEL_RUNNER=0 " if drafter == "ngram" and drafter_runner(report.manifest, drafter) == "v1" else ""
+    lines = [f"{lead} {env}vllm serve MODEL --speculative-config '{_json(config)}'"]
     note = reading_note(report, "vllm") if drafter == "mtp" else None
     if note is not None:
         lines.append(f"  note: {note}")
     if dynamic is not None:
-        lines.append(f"  vLLM by batch size (dynamic speculative decoding): --speculative-config '{_json(dynamic)}'")
+        lines.append(f"  vLLM by batch size (dynamic speculative decoding; dropped under data parallelism): "
+                     f"--speculative-config '{_json(dynamic)}'")
     if drafter == "mtp":
         lines.append("  SGLang: python -m sglang.launch_server --model-path MODEL " + " ".join(sglang_args(k)))
         note = reading_note(report, "sglang")
@@ -339,17 +477,19 @@ def _expected(n: EngineNumbers) -> dict:
 
 def _expected_for(report: Report, n: EngineNumbers) -> dict:
     out = _expected(n)
-    if report.drafter != "mtp":
-        out["note"] = (f"counted over every step; vLLM's counters count only the steps where the {report.drafter} "
-                       "drafter proposed tokens (a step with no proposal is no draft), so its numbers read higher")
+    if n.variable_length:
+        out["note"] = (f"counted as vLLM counts them: only the steps where the {report.drafter} drafter proposed tokens "
+                       f"are drafts ({n.steps} of the simulated decode's steps), a short proposal that many draft tokens")
     return out
 
 
 def export_vllm(reading: Reading, n: EngineNumbers) -> str:
     config = report_speculative_config(reading.report, n.k)
     if config is None:
-        raise OptionError(f"--engine vllm: vLLM serves no {reading.report.drafter} drafter; export this run for "
-                          "another engine, or judge another drafter (report --drafter)")
+        drafter = reading.report.drafter
+        why = vllm_unservable(drafter, (reading.report.manifest.get("drafters") or {}).get(drafter))
+        raise OptionError(f"--engine vllm: {why}" + ("" if drafter == "suffix" else
+                          "; export this run for another engine, or judge another drafter (report --drafter)"))
     dynamic = dynamic_config(reading.report)
     doc = {
         "speculative_config": config,
@@ -357,9 +497,13 @@ def export_vllm(reading: Reading, n: EngineNumbers) -> str:
         "expected_metrics": _expected_for(reading.report, n),
         "mtp_observe": _provenance(reading, n),
     }
+    notes = engine_notes(reading.report)
+    if notes:
+        doc["notes"] = notes
     if dynamic is not None:
         # the schedule over batch sizes; with synthetic acceptance its rates must be num_speculative_tokens long
         doc["dynamic_speculative_config"] = dynamic
+        doc["dynamic_speculative_config_limits"] = DYNAMIC_LIMITS
         if dynamic["num_speculative_tokens"] == n.k:
             doc["dynamic_synthetic_speculative_config"] = vllm_synthetic_config(dynamic, n)
     return json.dumps(doc, indent=2) + "\n"
@@ -386,11 +530,40 @@ def export_sglang(reading: Reading, n: EngineNumbers) -> str:
     return "\n".join(lines) + "\n"
 
 
+def head_layers(manifest: dict) -> int | None:
+    """The checkpoint's MTP layers, from run.json model.head_tensors (`mtp.layers.{i}.*`), or None without them."""
+    names = (manifest.get("model") or {}).get("head_tensors") or []
+    layers = {m.group(1) for n in names for m in [re.match(r"mtp\.layers\.(\d+)\.", str(n))] if m}
+    return len(layers) or None
+
+
+def trtllm_mode(layers: int | None) -> str:
+    """Which TensorRT-LLM MTP path a checkpoint of `layers` MTP layers runs with MTPDecodingConfig's defaults
+    (NVIDIA/TensorRT-LLM@011d0933 tensorrt_llm/llmapi/llm_args.py `MTPDecodingConfig.spec_dec_mode`: n == 1 and not
+    use_mtp_vanilla and mtp_eagle_one_model -> MTP_EAGLE_ONE_MODEL; n > 1 -> MTP, vanilla; n is read from the
+    checkpoint's num_nextn_predict_layers or mtp_num_hidden_layers, 1 when neither, by
+    tensorrt_llm/_torch/speculative/utils.py `update_spec_config_from_model_config`)."""
+    if layers is None or layers == 1:
+        return ("MTP_EAGLE_ONE_MODEL: the checkpoint's single MTP layer drafts max_draft_len tokens in a chain inside "
+                "the target's engine (use_mtp_vanilla false, mtp_eagle_one_model true: the defaults) — the chain this "
+                "run measured")
+    return (f"MTP (vanilla): {layers} MTP layers, layer i drafting position i; max_draft_len above {layers} is cut to "
+            f"{layers} with a warning")
+
+
 def export_trtllm(reading: Reading, n: EngineNumbers) -> str:
     accepted = n.mean_acceptance_length - 1.0  # accepted drafts per step: the engine adds the target's token
-    lines = _env_header(reading, n, "trtllm") + [
-        (f"# draft length: speculative_config: {{decoding_type: MTP, num_nextn_predict_layers: {n.k}}}"
-         if reading.report.drafter == "mtp" else f"# drafter: {reading.report.drafter}; draft length {n.k}"),
+    drafter = reading.report.drafter
+    if drafter == "mtp":
+        config = [
+            f"# draft length: speculative_config: {{decoding_type: MTP, max_draft_len: {n.k}}} (TensorRT-LLM "
+            "MTPDecodingConfig; num_nextn_predict_layers is deprecated there: read from the checkpoint, and a value set "
+            "by hand is remapped to max_draft_len with a warning)",
+            f"# mode: {trtllm_mode(head_layers(reading.report.manifest))}",
+        ]
+    else:
+        config = [f"# drafter: {drafter}; draft length {n.k} (no TensorRT-LLM MTP config for a model-free drafter)"]
+    lines = _env_header(reading, n, "trtllm") + config + [
         "# accepted draft tokens per step = mean acceptance length - 1 (the engine adds the target token); the MTP "
         "one-model path reads the fraction, the two-model path needs an integer "
         f"({max(1, round(accepted))}); 0 turns forcing off",
@@ -432,8 +605,8 @@ def segment_acceptance_lengths(run: Run, k: int) -> dict[str, float]:
 
 def mean_per_turn(run: Run, k: int) -> float:
     """The mean over turns of each turn's mean acceptance length at K (Model-Optimizer's per-request mean)."""
-    steps, step_accepted = simulated_walks(run)
-    s = steps[:, k - 1]
+    steps, step_accepted, step_drafted = simulated_walks(run)
+    s = steps[:, k - 1] if step_drafted is None else step_drafted[:, k - 1, 0]  # steps with a draft
     a = step_accepted[:, k - 1, :k].sum(axis=1)
     has = s > 0
     return float(np.mean(1.0 + a[has] / s[has])) if has.any() else float("nan")

@@ -68,12 +68,13 @@ def _config_if_any(path: Path) -> dict:
 
 
 def identity(info, files, opts, dtype, device: str, ranks, fallback, fallback_name: str, roster,
-             model_dir: Path | None = None, shard_plan=None) -> dict:
+             model_dir: Path | None = None, shard_plan=None, serving=None) -> dict:
     """What a resumed run must share with the interrupted one for its rows to be the same (tables.py).
     info None: a model-free replay, which depends on the tokenizer and the end-of-turn ids alone. shard_plan
-    (shards.ShardPlan): the shard this run replays (run.json `shard`), None for the whole input."""
+    (shards.ShardPlan): the shard this run replays (run.json `shard`), None for the whole input. serving: the
+    serving.ServingNumerics the target and head were loaded for (run.json `serving`, schema 3)."""
     from . import __version__
-    from .checkpoint import reading_for, tokenizer_sha256, weights_fingerprint
+    from .checkpoint import describe_rules, linear_rules, reading_for, tokenizer_sha256, weights_fingerprint
     from .sessions import input_name
     from .target import RECORDED
 
@@ -96,6 +97,8 @@ def identity(info, files, opts, dtype, device: str, ranks, fallback, fallback_na
         "drafters": roster.manifest(),
         "target_ran": info is not None,
         "head_reading": reading_for(info, opts.head_engine).as_dict() if info is not None else None,
+        "serving": None if serving is None else {
+            **serving.manifest(), "linears": describe_rules(linear_rules(info, serving)) if info is not None else {}},
         "inputs": [{"path": input_name(f), "sha256": sha256_file(f)} for f in files],
         "options": {"chunk_size": opts.chunk_size, "on_error": opts.on_error, "max_sessions": opts.max_sessions,
                     "device_map": opts.device_map},

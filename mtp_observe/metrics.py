@@ -19,16 +19,22 @@ Conventions (ACCEPTANCE.md), written down once. Depth k = 1..K sits at index k-1
 
 Engine-counted, as vLLM's counters will count them (vllm/v1/spec_decode/metrics.py: num_drafts,
 num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos), over the steps the simulated decode
-makes at draft length K — the anchors a decoder visits, not every anchor:
+makes at draft length K — the anchors a decoder visits, not every anchor — that proposed a draft:
 
-    per_pos(K, k)                = step_accepted(K, k) / steps(K)   "per-position acceptance rate"
-    mean_acceptance_length(K)    = 1 + Σ_k step_accepted(K, k) / steps(K)   (bonus token included)
-    draft_acceptance_rate(K)     = Σ_k step_accepted(K, k) / (K · steps(K))
+    num_drafts(K)                = step_drafted(K, 1)   steps whose draft holds at least one token
+    num_draft_tokens(K)          = Σ_k step_drafted(K, k)
+    per_pos(K, k)                = step_accepted(K, k) / num_drafts(K)   "per-position acceptance rate"
+    mean_acceptance_length(K)    = 1 + Σ_k step_accepted(K, k) / num_drafts(K)   (bonus token included)
+    draft_acceptance_rate(K)     = Σ_k step_accepted(K, k) / num_draft_tokens(K)
 
-Every step drafts K tokens, the last step of a turn too (vLLM counts drafts before its stop check); a
-drafted position past the end-of-turn token counts as drafted and rejected (the run has no row there, so
-this is a lower bound on what the engine counts there). So mean_acceptance_length(K) >= τ_sim(K): at a last
-step whose drafts reach the end-of-turn token, the engine counts a + 1 where the decode emits a.
+vLLM counts a step only when drafts were scheduled for it (vllm/v1/core/sched/scheduler.py:2346-2352
+`if scheduled_spec_token_ids and ...: num_draft_tokens = len(scheduled_spec_token_ids)`; make_spec_decoding_stats
+:3313 returns nothing for 0 drafts), so a step where a model-free drafter proposed nothing (V1's n-gram without a
+match, suffix decoding) is no draft, and a short proposal is that many draft tokens. The MTP head and V2's n-gram
+always draft K (step_drafted(K, k) = steps(K) for k <= K), the last step of a turn too (vLLM counts drafts before
+its stop check); a drafted position past the end-of-turn token counts as drafted and rejected (the run has no row
+there, so this is a lower bound on what the engine counts there). So mean_acceptance_length(K) >= τ_sim(K): at a
+last step whose drafts reach the end-of-turn token, the engine counts a + 1 where the decode emits a.
     τ_S(K)    = span_tokens / E_S[steps(K)]     what-if estimate under sampler S (expected_decode_steps)
     speedup(K)= τ_sim(K) / (1 + K·c + v(K))     c: draft step / target decode step; v: extra verify cost
     on-policy = on_policy / evaluable(1)        depth-1 rows whose recorded token is the target's argmax
@@ -71,23 +77,28 @@ class Counts:
     fit_ll: np.ndarray  # [..., P]  Σ log q_t(x_t) over the tokens in the support
     step_accepted: np.ndarray  # [..., K, K]  simulated decode steps at draft length K (index K-1) whose accepted
     #                            length reaches depth k (index k-1): vLLM's num_accepted_tokens_per_pos; 0 for k > K
+    step_drafted: np.ndarray | None = None  # [..., K, K]  of those steps, the ones whose draft holds at least k
+    #                            tokens (index k-1; 0 for k > K); None: every step drafts K (the MTP head's)
+
+    def _fields(self):
+        return _FIELDS if self.step_drafted is not None else _FIELDS[:-1]
 
     def total(self, axis: int = 0) -> "Counts":
         """Pool the counts along a leading axis (token-weighted aggregation)."""
-        return Counts(**{f: getattr(self, f).sum(axis=axis) for f in _FIELDS})
+        return Counts(**{f: getattr(self, f).sum(axis=axis) for f in self._fields()})
 
     def resample(self, weights: np.ndarray) -> "Counts":
         """weights: [B, S] (how often each of S sessions is drawn) and counts [S, ...] -> counts [B, ...]."""
         w = weights.astype(np.float64)
-        return Counts(**{f: np.tensordot(w, getattr(self, f).astype(np.float64), axes=(1, 0)) for f in _FIELDS})
+        return Counts(**{f: np.tensordot(w, getattr(self, f).astype(np.float64), axes=(1, 0)) for f in self._fields()})
 
     def take(self, index) -> "Counts":
         """Index the leading axis: counts [S, ...] -> counts [len(index), ...] (or [...] for an int)."""
-        return Counts(**{f: getattr(self, f)[index] for f in _FIELDS})
+        return Counts(**{f: getattr(self, f)[index] for f in self._fields()})
 
 
 _FIELDS = ("evaluable", "on_path", "accepted", "p_accept", "on_policy", "span_tokens", "steps", "expected_steps",
-           "fit_tokens", "fit_support", "fit_q", "fit_q2", "fit_var", "fit_ll", "step_accepted")
+           "fit_tokens", "fit_support", "fit_q", "fit_q2", "fit_var", "fit_ll", "step_accepted", "step_drafted")
 
 
 @dataclass(frozen=True)
@@ -139,7 +150,7 @@ def rates(counts: Counts, c: float, verify_extra: np.ndarray) -> Rates:
     tau_profile = ratio(counts.span_tokens[..., None, None], counts.expected_steps)
     with np.errstate(invalid="ignore", divide="ignore"):
         z = ratio(counts.fit_q - counts.fit_q2, np.sqrt(np.maximum(counts.fit_var, 0.0)))
-    engine = engine_counted(counts.step_accepted, counts.steps)
+    engine = engine_counted(counts.step_accepted, counts.steps, counts.step_drafted)
     return Rates(
         alpha=alpha, accept_rate=accept_rate, tau=tau, tau_sim=tau_sim, tau_profile=tau_profile,
         speedup=speedup(tau_sim, c, verify_extra), speedup_profile=speedup(tau_profile, c, verify_extra),
@@ -152,21 +163,35 @@ def rates(counts: Counts, c: float, verify_extra: np.ndarray) -> Rates:
     )
 
 
-def engine_counted(step_accepted: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def full_drafts(steps: np.ndarray) -> np.ndarray:
+    """[..., K] steps -> [..., K, K] step_drafted when every step drafts K tokens: steps(K) for k <= K, else 0."""
+    steps = np.asarray(steps)
+    K = steps.shape[-1]
+    within = np.arange(1, K + 1)[None, :] <= np.arange(1, K + 1)[:, None]  # [K, K] position k within draft length K
+    return np.where(within, steps[..., :, None], 0)
+
+
+def engine_counted(step_accepted: np.ndarray, steps: np.ndarray,
+                   step_drafted: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """vLLM's three derived numbers from the simulated decode's counts (module docstring): step_accepted
-    [..., K, K] and steps [..., K] -> (per-position rate [..., K, K] with NaN for k > K, mean acceptance length
-    [..., K], draft acceptance rate [..., K]).
+    [..., K, K], steps [..., K] and step_drafted [..., K, K] (None: every step drafts K) -> (per-position rate
+    [..., K, K] with NaN for k > K, mean acceptance length [..., K], draft acceptance rate [..., K]).
 
     Worked example: at K = 2, 4 steps of which 3 accepted depth 1 and 1 depth 2: per-position [0.75, 0.25],
-    mean acceptance length 1 + 4/4 = 2.0, draft acceptance rate 4 / (2·4) = 0.5.
+    mean acceptance length 1 + 4/4 = 2.0, draft acceptance rate 4 / (2·4) = 0.5. The same steps where one
+    drafted nothing and one only a token (step_drafted [3, 2]): per-position [1.0, 0.33], mean acceptance length
+    1 + 4/3, draft acceptance rate 4 / 5.
     """
     K = steps.shape[-1]
+    drafted = full_drafts(steps) if step_drafted is None else np.asarray(step_drafted)
     draft_length = np.arange(1, K + 1)
     beyond = np.arange(1, K + 1)[None, :] > draft_length[:, None]  # [K, K] position k past draft length K
-    per_pos = ratio(step_accepted, np.asarray(steps)[..., None])
+    num_drafts = drafted[..., 0]  # [..., K] steps with a draft
+    num_draft_tokens = np.asarray(drafted, dtype=np.float64).sum(axis=-1)  # [..., K]
+    per_pos = ratio(step_accepted, np.asarray(num_drafts)[..., None])
     per_pos = np.where(beyond, np.nan, per_pos)
     accepted = np.asarray(step_accepted, dtype=np.float64).sum(axis=-1)  # [..., K]
-    return per_pos, 1.0 + ratio(accepted, steps), ratio(accepted, np.asarray(steps) * draft_length)
+    return per_pos, 1.0 + ratio(accepted, num_drafts), ratio(accepted, num_draft_tokens)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,15 +286,19 @@ class DecodeWalk:
     steps: np.ndarray  # [N] int64  target steps of each span's walk
     visited: np.ndarray  # [A] bool  the anchors the walk steps on (anchor s of every span among them)
     step_accepted: np.ndarray  # [N, K] int64  visited anchors whose accepted length (capped at K) reaches depth k
+    step_drafted: np.ndarray | None = None  # [N, K] int64  visited anchors whose draft (capped at K) holds >= k
+    #                                         tokens (None: no draft lengths given)
 
 
-def decode_walk(accepted_len: np.ndarray, span_len: np.ndarray, k: int) -> DecodeWalk:
+def decode_walk(accepted_len: np.ndarray, span_len: np.ndarray, k: int, draft_len: np.ndarray | None = None) -> DecodeWalk:
     """The walk of `simulate_decode`, with the anchors it visits and vLLM's per-position counts over them.
 
     Worked example (simulate_decode's): accepted lengths [2, 0, 0, 1, 1], e - s = 5, k = 2: the walk visits
     anchors 0 and 3 -> steps 2, visited [T, F, F, T, F], step_accepted [[2, 1]] (both visited steps accept
     depth 1, the first also depth 2): per-position rates 1.0 and 0.5 over the two steps, where the all-anchor
-    rates are A_1 = 3/5 and A_2 = 1/4 (p=0 only, of the 4 anchors with p + 2 <= e).
+    rates are A_1 = 3/5 and A_2 = 1/4 (p=0 only, of the 4 anchors with p + 2 <= e). With draft_len [A] (the tokens
+    each anchor's draft holds, past the end of the turn too) [2, 2, 2, 1, 0]: step_drafted [[2, 1]] (anchor 3
+    drafted one token).
 
     Computed without a Python loop over positions: each span is laid out as e - s anchor slots plus one
     terminal slot; next[i] = i + emitted; the step count from the span's first slot to its terminal slot is
@@ -316,7 +345,15 @@ def decode_walk(accepted_len: np.ndarray, span_len: np.ndarray, k: int) -> Decod
     reaching = np.cumsum(histogram[:, ::-1], axis=1)[:, ::-1]  # [N, k+1] steps accepting at least that length
     steps = count[first]
     assert np.array_equal(steps, reaching[:, 0]), "a walk's steps are its visited anchors"
-    return DecodeWalk(steps=steps, visited=visited, step_accepted=reaching[:, 1:].astype(np.int64))
+    step_drafted = None
+    if draft_len is not None:
+        draft_len = np.minimum(np.asarray(draft_len, dtype=np.int64), k)
+        assert draft_len.shape == accepted_len.shape and np.all(draft_len >= np.minimum(accepted_len, k)), \
+            "a draft holds at least the tokens accepted from it"
+        drafted = np.bincount(anchor_span[visited] * (k + 1) + draft_len[visited], minlength=n_spans * (k + 1))
+        step_drafted = np.cumsum(drafted.reshape(n_spans, k + 1)[:, ::-1], axis=1)[:, ::-1][:, 1:].astype(np.int64)
+    return DecodeWalk(steps=steps, visited=visited, step_accepted=reaching[:, 1:].astype(np.int64),
+                      step_drafted=step_drafted)
 
 
 def expected_decode_steps(accept: np.ndarray, span_len: np.ndarray, k_max: int) -> np.ndarray:

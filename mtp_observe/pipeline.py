@@ -83,13 +83,20 @@ class LoadedModel:
     head: MtpHead
     device: str
     dtype: torch.dtype
+    serving: object = None  # serving.ServingNumerics the model was loaded for (None: weight-only, PyTorch top-k)
+
+    @property
+    def top_k_ties(self) -> str:
+        return self.serving.top_k_ties if self.serving is not None else "all"
 
 
 def load_model(model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
-               device_map: str | None = None, head_engine: str = "vllm") -> LoadedModel:
+               device_map: str | None = None, head_engine: str = "vllm", serving=None) -> LoadedModel:
     """device_map ("auto", accelerate) spreads a target too large for one device over all visible ones;
     the head then sits with the lm_head on the last device. head_engine: whose reading of the head to run where
-    the engines differ (families.head_reading; NextN heads only): "vllm" (0.33) or "sglang" (0.5.23)."""
+    the engines differ (families.head_reading; NextN heads only): "vllm" (0.33) or "sglang" (0.5.23). serving
+    (serving.ServingNumerics): a block-FP8 checkpoint's linears as that device serves them (W8A8, re-quantised
+    weights: fp8.py); None: weight-only."""
     info = read_checkpoint(model_dir)
     reading = reading_for(info, head_engine)
     if device_map is not None:
@@ -97,12 +104,12 @@ def load_model(model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = 
             import accelerate  # noqa: F401
         except ImportError:
             raise OptionError("--device-map needs accelerate: pip install 'mtp-observe[scale]' (or pip install accelerate)")
-    target = load_target(info, device=device, dtype=dtype, device_map=device_map)
+    target = load_target(info, device=device, dtype=dtype, device_map=device_map, serving=serving)
     head = build_head(
-        info.geometry, load_head_tensors(info, device=str(target.lm_head.weight.device), dtype=dtype),
+        info.geometry, load_head_tensors(info, device=str(target.lm_head.weight.device), dtype=dtype, serving=serving),
         embed_tokens=target.model.embed_tokens.weight, lm_head=target.lm_head.weight, reading=reading,
     )
-    return LoadedModel(info=info, target=target, head=head, device=device, dtype=dtype)
+    return LoadedModel(info=info, target=target, head=head, device=device, dtype=dtype, serving=serving)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,6 +134,8 @@ class ReplayOptions:
     drafters: tuple = ("mtp",)  # --drafters, drafters.roster names in the order given
     ngram: object = None  # drafters.ngram.NgramConfig (--ngram MIN,MAX); None: vLLM's defaults
     suffix: object = None  # drafters.suffix.SuffixConfig (--suffix-*); None: vLLM's defaults
+    serve_device: str = "h100"  # --serve-device: the GPU whose vLLM numerics the run describes (serving.py)
+    fp8_activations: str | None = None  # --fp8-activations dynamic|none; None: what vLLM runs on the serve device
     part_sessions: int = 256  # sessions per part file at most (parts.py; 1: a part per session, as before grouping)
     shard: object = None  # shards.Shard (--shard I/N, --shard-by): replay that shard of the input; None: all of it
     ray: object = None  # cluster.RayOptions (--ray, --replicas, --gpus-per-replica); None: replay in this process
@@ -239,8 +248,9 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     turns = Turns(ids, torch.tensor([sp.start for sp in request.spans], dtype=torch.long),
                   torch.tensor([sp.end for sp in request.spans], dtype=torch.long))
 
-    def reduce(positions, tokens, actuals):
-        return reduce_logits(model.target.lm_head.weight, hidden, positions, tokens, actuals, tuple(profiles), turns=turns)
+    def reduce(positions, tokens, actuals, no_min_p=None):
+        return reduce_logits(model.target.lm_head.weight, hidden, positions, tokens, actuals, tuple(profiles), turns=turns,
+                             top_k_ties=model.top_k_ties, no_min_p=no_min_p)
 
     if drafters is not None:
         groups = drafters.draft(ids.numpy(), request.spans, keep=keep, mtp=drafts.tokens.cpu().numpy())
@@ -263,12 +273,13 @@ def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, he
 
     groups: [drafters.roster.Drafts] (roster order; `drafter` is the index into it); head_logprobs [A, K]: the
     head's log-probs of its drafts (where a hybrid took the head's draft its draft_logprob is the head's; a
-    model-free draft's is NaN); reduce(positions, drafts, actuals) -> target.Reductions (None: no target).
+    model-free draft's is NaN); reduce(positions, drafts, actuals, no_min_p) -> target.Reductions (None: no target;
+    no_min_p [R] bool marks the rows of drafters vLLM's V1 runner serves: its rejection sampler applies no min-p).
       1. per drafter and draft length K' it drafted for: the anchor plan at K' (depths min(K', e - p)) and rows
       2. the target once over every drafter's rows (its logits are computed once per position, whoever drafted),
          a NO_TOKEN draft gathered at token 0 and masked after: target_logprob NaN, p_accept 0 (nothing
          proposed is nothing accepted) — -1 would silently index the last vocabulary entry
-      3. the columns, with `drafter` and `draft_k`
+      3. the columns, with `drafter`, `draft_k` and `draft_len` (what vLLM counts as the step's draft tokens)
     """
     import numpy as np
 
@@ -292,8 +303,9 @@ def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, he
         drafted = torch.cat([tok[ix.anchor_index, ix.depth - 1] for *_, ix, tok, _ in parts]).long()
         positions = torch.cat([ix.target_position for *_, ix, _, _ in parts])
         actuals = ids[torch.cat([ix.actual_position for *_, ix, _, _ in parts])]
+        v1 = torch.cat([torch.full((ix.depth.shape[0],), groups[code].runner == "v1") for code, _, _, ix, _, _ in parts])
         none = drafted < 0
-        reductions = reduce(positions, drafted.clamp(min=0), actuals)
+        reductions = reduce(positions, drafted.clamp(min=0), actuals, no_min_p=v1 if bool(v1.any()) else None)
         if bool(none.any()):
             reductions.target_logprob[none.to(reductions.target_logprob.device)] = float("nan")
             for values in reductions.p_accept.values():
@@ -305,6 +317,8 @@ def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, he
         cols = request_rows(ids, segments, plan, ix, tokens, logprobs, sub, kk)
         cols["drafter"] = np.full(R, code, dtype=np.int8)
         cols["draft_k"] = np.full(R, kk, dtype=np.int8)
+        # the tokens the anchor's draft holds, past the end of the turn too (a draft is a chain that stops)
+        cols["draft_len"] = (tokens >= 0).sum(dim=1).numpy().astype(np.int8)[ix.anchor_index.numpy()]
         from_model = groups[code].from_model
         check_finite(cols, head=from_model[:, g_v[(code, kk)]][ix.anchor_index.numpy()] if from_model is not None
                      else np.zeros(R, dtype=bool))
@@ -569,6 +583,7 @@ def _replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: boo
     plan = None
     if opts.shard is not None:  # the shard's sessions, from the whole input (rank 0 reads it, every rank gets it)
         plan = ranks.from_rank0(_shard_plan(files, opts, info, model_dir) if ranks.rank == 0 else None)
+    serving = serving_for(opts, info)
 
     # 1. Rank 0 locks the directory, checks it (fresh, --resume or --overwrite) against this run's identity.
     failure, manifest, lock = None, None, None
@@ -576,7 +591,7 @@ def _replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: boo
         try:
             lock = tables.RunLock(out).acquire()
             run_identity = identity(info, files, opts, dtype, device, ranks, fallback, fallback_name, roster, model_dir,
-                                    shard_plan=plan)
+                                    shard_plan=plan, serving=serving)
             manifest = start_manifest(out, opts, info, run_identity, bundled, ranks.world, model_dir)
         except BaseException as e:  # nothing was written: let go of the directory (and of a directory we made)
             if lock is not None:
@@ -600,7 +615,7 @@ def _replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: boo
                 result = cluster.replay(files, out, opts, model_dir, dtype, observer, fallback, roster, plan)
             else:
                 model = load_model(model_dir, device=device, dtype=dtype, device_map=opts.device_map,
-                                   head_engine=opts.head_engine) if not model_free else None
+                                   head_engine=opts.head_engine, serving=serving) if not model_free else None
                 result = _replay_sessions(files, out, opts, model, ranks, observer, fallback, roster, model_dir, plan)
         except BaseException as e:  # every rank must reach the gather below, whatever happened here
             result = {"failure": e}
@@ -647,6 +662,19 @@ def _shard_plan(files, opts: ReplayOptions, info, model_dir: Path):
                                            vocab_size=info.geometry.vocab_size if info is not None else None,
                                            overrides=opts.template)
     return plan_shard(files, opts.shard, renderer, opts.max_sessions)
+
+
+def serving_for(opts: ReplayOptions, info: CheckpointInfo | None):
+    """--serve-device and --fp8-activations resolved for the checkpoint (serving.serving_numerics); --fp8-activations
+    for a checkpoint that is not block-FP8 is refused (vLLM quantises the activations of FP8 linears only)."""
+    from .serving import serving_numerics
+
+    quantized = info is not None and info.quantization is not None
+    if opts.fp8_activations is not None and not quantized:
+        what = "a model-free replay loads no weights" if info is None else "the checkpoint is not block-FP8"
+        raise OptionError(f"--fp8-activations {opts.fp8_activations}: {what}, so no activation is quantised; "
+                          "drop the option")
+    return serving_numerics(opts.serve_device, opts.fp8_activations, quantized)
 
 
 def roster_draft_ks(name: str, k: int) -> tuple[int, ...]:

@@ -46,6 +46,20 @@ noting what they lack):
                         engines do
     model.cost_geometry gains "kv_width" and "attention_width" (cost.Geometry; 0 for GQA: 2 · nkv · d and 2 · d)
 
+Version 3, continued (the engines' defaults, docs/engine-fidelity.md; the report reads versions 1 and 2 with a note of what
+they lack):
+    positions.parquet `draft_len`   int8, with `drafter` and `draft_k`: the tokens the drafter's draft at the row's
+                        anchor holds for its draft_k, counting those past the end of the turn (vLLM's num_draft_tokens
+                        of a step there), the same on every row of the anchor; the engine-counted numbers count only
+                        the steps with a draft (metrics.py). Without it a draft is read to end at the end of its turn.
+    run.json drafters.NAME.runner   "v2" | "v1": the vLLM model runner whose rules the rows follow (mtp v2, ngram
+                        --ngram-runner, suffix and the hybrids v1): the n-gram rule, and no min-p at a V1 drafter's
+                        draft positions. Absent (older runs): ngram and suffix v1, mtp v2.
+    run.json serving    {"device": --serve-device, "fp8_activations": "dynamic" | "none" | null (not block-FP8),
+                        "top_k_ties": "index" | "all", "linears": {rule: how many block-FP8 linears follow it}}
+                        (serving.py, fp8.py); part of the run's identity. Absent (older runs): weight-only block-FP8,
+                        the PyTorch top-k (every tie kept), min-p at every draft position.
+
 Drafters (`replay --drafters mtp,ngram,suffix,hybrid,hybrid_longer`; drafters/roster.py):
     positions.parquet, when the run has any drafter besides mtp (an mtp-only run is written without them):
     drafter             dictionary<int8, string>: mtp | ngram | suffix | hybrid | hybrid_longer, one block of
@@ -64,8 +78,8 @@ Drafters (`replay --drafters mtp,ngram,suffix,hybrid,hybrid_longer`; drafters/ro
     target columns      target_token, target_logprob, actual_logprob and p_accept_<profile> are absent when no
                         target ran: a replay whose drafters are all model-free (ngram, suffix) loads no weights
 run.json:
-    drafters            {name: parameters, "draft_k": [K' its rows are written for]}, --drafters order: ngram
-                        {"prompt_lookup_min", "prompt_lookup_max", "max_model_len"}; suffix {"max_tree_depth",
+    drafters            {name: parameters, "runner" (v3), "draft_k": [K' its rows are written for]}, --drafters
+                        order: ngram {"prompt_lookup_min", "prompt_lookup_max", "max_model_len", "runner"}; suffix {"max_tree_depth",
                         "max_cached_requests", "max_spec_factor", "max_spec_offset", "min_token_prob",
                         "max_model_len"}; hybrid {"policy", "suffix": {..., "max_spec_tokens"}}; hybrid_longer
                         {"policy", "suffix"}; mtp {}. Part of the run's identity (--resume needs the same)
@@ -255,7 +269,7 @@ def requests_schema(profiles: list[str]) -> pa.Schema:
 
 
 TARGET_COLUMNS = ("target_token", "target_logprob", "actual_logprob")  # (and p_accept_*) absent without a target
-DRAFTER_FIELDS = [("drafter", pa.dictionary(pa.int8(), pa.string())), ("draft_k", pa.int8())]
+DRAFTER_FIELDS = [("drafter", pa.dictionary(pa.int8(), pa.string())), ("draft_k", pa.int8()), ("draft_len", pa.int8())]
 
 
 def positions_schema(profiles: list[str], drafters: bool = False, target: bool = True) -> pa.Schema:

@@ -106,16 +106,29 @@ def prefill_hidden(model, input_ids: Tensor, chunk_size: int = 2048) -> Tensor:
 #   vllm/v1/worker/gpu/sample/penalties.py output so far plus the drafts before it in the same step
 #                                          (_combine_outputs_with_spec_tokens; "base output counts +
 #                                          cumulative draft counts")
-#   vllm/v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p: top-k keeps every logit >= the k-th
-#                                          largest (exact ties at the k-th value are all kept); top-p
+#   vllm/v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p (:501-521): the Triton kernel where Triton is
+#                                          (every GPU), else the PyTorch one. Triton's top-k keeps exactly
+#                                          k, ties at the k-th value broken by the lowest token id
+#                                          (vllm/v1/sample/ops/topk_topp_triton.py:385-392, 851-875; its
+#                                          1e-9 tie tolerance is taken as exact equality here): ties="index".
+#                                          PyTorch's (:524-587) keeps every logit >= the k-th largest
+#                                          (exact ties at the k-th value are all kept): ties="all". Top-p
 #                                          sorts ascending, drops while the cumulative probability is
 #                                          <= 1 - top_p, always keeps the largest
 #   vllm/v1/worker/gpu/sample/min_p.py     min-p drops logits < max + log(min_p) (probability below
 #                                          min_p times the largest), after the temperature
+#   vllm/v1/sample/rejection_sampler.py    V1's rejection sampler scores a draft position without min-p
+#                                          (apply_sampling_constraints :589-643: temperature, then top-k /
+#                                          top-p only), V2's with it (vllm/v1/worker/gpu/spec_decode/
+#                                          rejection_sampler.py:250-296: the whole apply_sampling_params);
+#                                          reduce_logits' `no_min_p` rows are those of a drafter V1 serves
 #   vllm/v1/sample/sampler.py             temperature < 1e-5 is greedy: the argmax of the penalised logits
-#   vllm/config/model.py                   get_diff_sampling_param: a server's default sampler is the
-#                                          checkpoint's generation_config.json (repetition_penalty,
-#                                          temperature, top_k, top_p, min_p; do_sample is not read)
+#   vllm/config/model.py:1860-1916         get_diff_sampling_param: a server's default sampler is the
+#                                          checkpoint's generation_config.json: nine keys (repetition,
+#                                          presence and frequency penalties, temperature, top_k, top_p,
+#                                          min_p, max_new_tokens -> max_tokens, skip_special_tokens;
+#                                          do_sample is not read); the seven of SAMPLING_PARAMS are the
+#                                          ones that shape the distribution (generation_config_profile)
 #
 # Here a distribution is computed for a chunk of positions and reduced on the spot (the probability
 # of a token, Σ q², Σ q³); nothing vocabulary-sized outlives the chunk. Dividing by a positive
@@ -251,8 +264,10 @@ def profile_from_spec(spec: str) -> SamplingProfile:
 def generation_config_profile(model_dir) -> SamplingProfile | None:
     """The checkpoint's generation_config.json as the sampler vLLM serves by default, or None without one.
 
-    vLLM reads repetition_penalty, temperature, top_k, top_p and min_p from it (config/model.py,
-    get_diff_sampling_param) over its neutral defaults; a file that cannot be read counts as absent.
+    vLLM reads nine keys from it over its neutral defaults (vllm/config/model.py:1860-1916 get_diff_sampling_param);
+    the seven that shape the sampler's distribution are read here (SAMPLING_PARAMS: temperature, top_p, top_k, min_p,
+    presence_penalty, frequency_penalty, repetition_penalty; max_new_tokens and skip_special_tokens do not change
+    it, do_sample is not one of them). A file that cannot be read counts as absent.
     """
     import json
     from pathlib import Path
@@ -433,22 +448,43 @@ class Distribution:
             -1, self.index, self.probs)
 
 
+TOP_K_TIES = ("all", "index")  # vLLM's PyTorch top-k (every tie kept) and its Triton top-k (exactly k, lowest ids)
+
+
 def sampler_distribution(logits: Tensor, profile: SamplingProfile, state: PenaltyState | None = None,
-                         ranked: tuple[Tensor, Tensor] | None = None) -> Distribution:
+                         ranked: tuple[Tensor, Tensor] | None = None, ties: str = "all") -> Distribution:
     """The distribution `profile`'s sampler draws from, at each of c positions. logits: [c, V] fp32 (left as
     given); state: the penalty state of the c positions (needed when the profile has penalties); ranked:
-    optionally the (penalised) logits' topk(k') for some k' >= top_k + TIE_SLACK, shared between profiles.
+    optionally the (penalised) logits' topk(k') for some k' >= top_k + TIE_SLACK, shared between profiles;
+    ties: which top-k keeps logits tied with the k-th ("all": vLLM's PyTorch top-k, "index": its Triton top-k).
 
     Worked example (top_k 4, top_p 0.8): probabilities (0.5, 0.3, 0.15, 0.05) ascending cumsum
     (0.05, 0.2, 0.5, 1.0) <= 0.2 drops the two smallest; the rest renormalise to (0.625, 0.375).
-    With logits (2, 1, 1, 0) and top_k 2 the two tied at 1 are both kept (vLLM keeps ties).
+    With logits (0, 1, 2, 1) and top_k 2: ties "all" keeps tokens 1, 2 and 3 (both tied at 1), "index" keeps
+    tokens 1 and 2 (exactly two; of the tied 1 and 3 the lower id).
     """
     with penalised(logits, profile.penalties, state) as penalised_logits:
-        return _distribution(penalised_logits, profile, ranked)
+        return _distribution(penalised_logits, profile, ranked, ties)
 
 
-def _distribution(logits: Tensor, profile: SamplingProfile, ranked: tuple[Tensor, Tensor] | None) -> Distribution:
+def _lowest_ids_of_ties(values: Tensor, index: Tensor, k: int) -> Tensor:
+    """[c, m] bool: which of the ranked (values, index), holding every logit >= the k-th, Triton's top-k keeps:
+    every value above the k-th, and of those equal to it the lowest token ids, k in all."""
+    kth = values[:, k - 1 : k]
+    above = values > kth
+    tied = values == kth
+    need = k - above.sum(-1, keepdim=True)  # [c, 1] >= 1
+    big = torch.iinfo(index.dtype).max
+    tie_ids = torch.where(tied, index, torch.full_like(index, big))
+    order = tie_ids.argsort(dim=-1, stable=True)
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
+    return above | (tied & (rank < need))
+
+
+def _distribution(logits: Tensor, profile: SamplingProfile, ranked: tuple[Tensor, Tensor] | None,
+                  ties: str = "all") -> Distribution:
     """sampler_distribution on logits that already carry the profile's penalties."""
+    assert ties in TOP_K_TIES, ties
     c, V = logits.shape
     if profile.is_greedy:
         return Distribution(torch.ones(c, 1, dtype=torch.float32, device=logits.device), logits.argmax(-1, keepdim=True))
@@ -466,7 +502,10 @@ def _distribution(logits: Tensor, profile: SamplingProfile, ranked: tuple[Tensor
         kept = kept.clamp(min=1)  # the largest value is always kept (also when NaN logits compare false: check_finite says so)
         m = int(kept.max())
         values, index = values[:, :m], index[:, :m]
-        values = values.masked_fill(torch.arange(m, device=logits.device)[None, :] >= kept[:, None], float("-inf"))
+        outside = torch.arange(m, device=logits.device)[None, :] >= kept[:, None]
+        if ties == "index" and m > k:  # some row has ties past the k-th: keep exactly k, the lowest ids among them
+            outside = outside | ~_lowest_ids_of_ties(values.masked_fill(outside, float("-inf")), index, k)
+        values = values.masked_fill(outside, float("-inf"))
     elif profile.top_p < 1.0 or profile.min_p > 0.0:
         values, index = logits.sort(dim=-1, descending=True)
     else:
@@ -531,6 +570,8 @@ def reduce_logits(
     profiles: tuple[SamplingProfile, ...],
     budget: int = 1 << 26,
     turns: Turns | None = None,
+    top_k_ties: str = "all",
+    no_min_p: Tensor | None = None,
 ) -> Reductions:
     """Apply the lm_head at the positions rows need, in chunks, keeping reductions and nothing vocabulary-sized.
 
@@ -539,7 +580,9 @@ def reduce_logits(
     (a request's spans) the penalties read each position's prompt and output, and every position
     s-1..e-1 of every span is reduced as well, to the fit sums of each profile (the probability of the
     recorded next token and its log, Σ q², Σ q³); p_accept is computed on the recorded path (its drafts there
-    are the recorded tokens, which is what the penalties of a step count).
+    are the recorded tokens, which is what the penalties of a step count). top_k_ties: the top-k rule
+    (sampler_distribution's ties); no_min_p: [R] bool, rows whose p_accept is scored as V1's rejection sampler scores
+    a draft position, without min-p (the fit sums, the sampler that emitted the recorded tokens, keep it).
     """
     device = lm_head.device  # under a device map, the last device; the hidden rows are moved to it
     R = positions.shape[0]
@@ -610,8 +653,14 @@ def reduce_logits(
                     if p.is_greedy and penalties == NO_PENALTIES:
                         dist = Distribution(torch.ones(c1 - c0, 1, device=device), token[:, None])
                     else:
-                        dist = _distribution(logits, p, ranked)
+                        dist = _distribution(logits, p, ranked, top_k_ties)
                     out_p[p.name][sel] = dist.at(local, drafts[sel])
+                    if no_min_p is not None and p.min_p > 0 and not p.is_greedy:
+                        plain = no_min_p.to(device)[sel]
+                        if bool(plain.any()):
+                            without = _distribution(logits, SamplingProfile(p.name, **{**p.as_dict(), "min_p": 0.0}),
+                                                    ranked, top_k_ties)
+                            out_p[p.name][sel] = torch.where(plain, without.at(local, drafts[sel]), out_p[p.name][sel])
                     if turns is not None:
                         q_next = dist.at(every, next_token).double()
                         q2, q3 = dist.power_sum(2).double(), dist.power_sum(3).double()

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from mtp_observe.drafters import accepted_length, span_ends
+from mtp_observe.drafters import NO_TOKEN, accepted_length, span_ends
 from mtp_observe.drafters.hybrid import longer, score_threshold
 from mtp_observe.drafters.ngram import NgramConfig, NgramDrafter
 from mtp_observe.drafters.suffix import SuffixConfig, SuffixDecoding
@@ -119,11 +119,16 @@ def test_model_free_rows_are_the_drafters_own_proposals_in_input_order(model_fre
         n = ngram.propose(tokens, spans, 3)
         got = drafter_rows(rows, "ngram", 3, session, request)
         assert list(zip(got.pos, got.depth, got.draft_token, got.match, got.accepted)) == expected_rows(tokens, spans, n.tokens, 3)
+        assert (got.draft_len == 3).all()  # V2's n-gram always drafts K
         s = suffix.propose(tokens, spans, 3, by_k=True)
         for kk in (1, 2, 3):
             drafts = s.tokens_by_k[:, kk - 1, :kk]
             got = drafter_rows(rows, "suffix", kk, session, request)
             assert list(zip(got.pos, got.depth, got.draft_token, got.match, got.accepted)) == expected_rows(tokens, spans, drafts, kk)
+            # draft_len: the tokens the anchor's draft holds (past the end of the turn too), on each of its rows
+            lengths = (drafts != NO_TOKEN).sum(axis=1)
+            first = got[got.depth == 1]
+            assert first.draft_len.tolist() == lengths.tolist()
             not_a_prefix += int((drafts != s.tokens[:, :kk]).any(axis=1).sum())
         checked += 1
     assert checked == len(table) > 5
@@ -295,7 +300,7 @@ def test_the_heads_rows_beside_other_drafters_equal_an_mtp_only_run(every_drafte
     alone = pd.read_parquet(replay([path], tiny_checkpoint, tmp_path / "mtp", ReplayOptions(k=3, device="cpu")) / "positions.parquet")
     assert "drafter" not in alone.columns  # an mtp-only run is written as before
     rows = pd.read_parquet(every_drafter / "positions.parquet")
-    mtp = rows[rows.drafter == "mtp"].drop(columns=["drafter", "draft_k"]).reset_index(drop=True)
+    mtp = rows[rows.drafter == "mtp"].drop(columns=["drafter", "draft_k", "draft_len"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(mtp, alone)
 
 
@@ -309,7 +314,7 @@ def test_the_target_scores_every_drafters_drafts_and_a_missing_draft_is_never_ga
         ids = torch.tensor(list(r.input_ids))
         with torch.no_grad():
             logprobs = torch.log_softmax(tiny_model.target(input_ids=ids[None]).logits[0].float(), -1)
-        mine = rows[(rows.session_id == r.session_id) & (rows.request == r.request) & (rows.drafter == "ngram")]
+        mine = rows[(rows.session_id == r.session_id) & (rows.request == r.request) & (rows.drafter == "suffix")]
         for row in mine.itertuples():
             at = row.pos + row.depth - 1
             assert row.target_token == int(logprobs[at].argmax())

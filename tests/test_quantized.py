@@ -86,10 +86,12 @@ def fp8_copies(make_checkpoint, tmp_path_factory):
     return get
 
 
-def replay_rows(model_dir, out):
+def replay_rows(model_dir, out, fp8_activations="none"):
+    """The rows of one replay; an FP8 checkpoint weight-only by default (the W8A8 path: tests/test_fp8_activations.py)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     path = write_sessions(out.parent / "s.jsonl", [SESSION])
-    run = replay([path], model_dir, out, ReplayOptions(k=3, device="cpu"))
+    fp8 = read_checkpoint(model_dir).quantization is not None
+    run = replay([path], model_dir, out, ReplayOptions(k=3, device="cpu", fp8_activations=fp8_activations if fp8 else None))
     return pd.read_parquet(run / "positions.parquet"), json.loads((run / "run.json").read_text())
 
 

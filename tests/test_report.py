@@ -532,7 +532,7 @@ def test_the_json_has_stable_documented_keys(hand_run):
     r = cli("report", str(hand_run), "--format", "json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert data["report_version"] == 2
+    assert data["report_version"] == 3
     assert set(data) == REPORT_KEYS
     assert set(data["overall"]) == {"name", "anchors", "sessions", "value", "lo", "hi", "session_weighted"}
     assert set(data["overall"]["value"]) == RATES_KEYS

@@ -184,6 +184,45 @@ def test_top_k_keeps_every_logit_tied_with_the_kth_even_past_the_ranking_slack()
     assert torch.allclose(probs, vllm_sampler(logits[0], SamplingProfile("k", 1.0, top_k=2)).float(), atol=1e-6)
 
 
+def test_tritons_top_k_keeps_exactly_k_and_breaks_ties_at_the_kth_by_the_lowest_token_id():
+    """vllm/v1/sample/ops/topk_topp_triton.py:851-875: of the values tied with the k-th, the first `num_keep` in
+    index order survive; the PyTorch top-k (topk_topp_sampler.py:524-565) keeps them all."""
+    profile = SamplingProfile("k", 1.0, top_k=2)
+    logits = torch.tensor([[1.0, 2.0, 0.0, 1.0], [1.0, 0.0, 2.0, 1.0]])
+    e = math.e
+    triton = sampler_distribution(logits, profile, ties="index").dense(4)
+    assert torch.allclose(triton, torch.tensor([[1 / (1 + e), e / (1 + e), 0, 0], [1 / (1 + e), 0, e / (1 + e), 0]]))
+    everything = sampler_distribution(logits, profile, ties="all").dense(4)
+    assert torch.allclose(everything, torch.tensor([[1, e, 0, 1], [1, 0, e, 1]]) / (2 + e))
+    # past the ranking slack (twenty ties for the 2nd place): tokens 0 (3.0) and 1, the lowest id of the ties
+    wide = torch.tensor([[3.0] + [1.0] * 20 + [0.0] * 10]).flip(-1)  # the 3.0 now at id 30, ties at ids 10..29
+    probs = sampler_distribution(wide, profile, ties="index").dense(31)[0]
+    assert torch.nonzero(probs).squeeze(1).tolist() == [10, 30]
+    # no tie at the k-th value: both rules agree
+    plain = torch.tensor([[0.3, 2.0, 1.0, 0.5]])
+    assert torch.equal(sampler_distribution(plain, profile, ties="index").dense(4),
+                       sampler_distribution(plain, profile, ties="all").dense(4))
+
+
+def test_draft_rows_of_a_v1_drafter_are_scored_without_min_p_and_the_others_with_it():
+    """vllm/v1/sample/rejection_sampler.py:589-643 (V1) scores a draft position with temperature and top-k / top-p
+    only; V2 (vllm/v1/worker/gpu/spec_decode/rejection_sampler.py:250-296) with min-p too. Logits (2, 1, 0, -3), T 1,
+    min_p 0.1: softmax (0.6623, 0.2436, 0.0896, 0.00446); min-p drops token 3 (< 0.1 x 0.6623) and renormalises."""
+    row = torch.tensor([[2.0, 1.0, 0.0, -3.0]])
+    lm_head, hidden = _logit_head(row)
+    profile = SamplingProfile("mp", 1.0, min_p=0.1)
+    positions, drafts = torch.tensor([0, 0, 0, 0]), torch.tensor([3, 0, 3, 0])
+    v1 = torch.tensor([True, True, False, False])
+    got = reduce_logits(lm_head, hidden, positions, drafts, drafts, (profile,), no_min_p=v1).p_accept["mp"]
+    p = torch.softmax(row[0].double(), -1)
+    kept = p[:3] / p[:3].sum()
+    assert torch.allclose(got.double(), torch.stack([p[3], p[0], torch.tensor(0.0, dtype=torch.float64), kept[0]]),
+                          atol=1e-6)
+    assert torch.equal(reduce_logits(lm_head, hidden, positions, drafts, drafts, (profile,)).p_accept["mp"],
+                       reduce_logits(lm_head, hidden, positions, drafts, drafts, (profile,),
+                                     no_min_p=torch.zeros(4, dtype=torch.bool)).p_accept["mp"])
+
+
 def test_the_turn_penalty_state_equals_the_state_built_from_each_rows_token_lists():
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 50, (120,), generator=gen)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import typer
 from rich.table import Table
@@ -27,6 +27,11 @@ from .common import (
     say,
     shard_options,
 )
+
+# Fixed sets of values (cli/common.py's convention): drafters.ngram.RUNNERS, serving.SERVE_DEVICES, FP8_ACTIVATIONS
+NgramRunner = Literal["v2", "v1"]
+ServeDevice = Literal["h100", "h200", "b200", "a100", "l40s", "mi300x", "cpu"]
+Fp8Activations = Literal["dynamic", "none"]
 
 
 def _parse_sampling(specs: list[str], recorded_with: Optional[str] = None):
@@ -51,17 +56,18 @@ def _parse_sampling(specs: list[str], recorded_with: Optional[str] = None):
     return tuple(profiles.values()), declared
 
 
-def _parse_ngram(text: Optional[str]):
-    """--ngram MIN,MAX (or N for both) -> drafters.ngram.NgramConfig, vLLM's resolution of the two bounds."""
+def _parse_ngram(text: Optional[str], runner: str = "v2"):
+    """--ngram MIN,MAX (or N for both) and --ngram-runner -> drafters.ngram.NgramConfig, vLLM's resolution of
+    the two bounds."""
     from ..drafters.ngram import ngram_config
 
     if text is None:
-        return ngram_config()
+        return ngram_config(runner=runner)
     parts = [p.strip() for p in text.split(",")]
     if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
         raise OptionError(f"--ngram {text}: expected MIN,MAX (vLLM's prompt_lookup_min, prompt_lookup_max), e.g. 3,5")
     lo, hi = int(parts[0]), int(parts[-1])
-    return ngram_config(lo, hi)
+    return ngram_config(lo, hi, runner=runner)
 
 
 def _with_defaults(extra, model_dir: Path) -> tuple:
@@ -93,11 +99,14 @@ def replay(
     template_kwargs: TemplateKwargsOption = None,
     drafters: Annotated[str, typer.Option("--drafters", help="Drafters to run side by side at every anchor: mtp (the head), ngram (vLLM's prompt lookup), suffix (suffix decoding), hybrid (Arctic's: suffix when its score >= K, else mtp), hybrid_longer (the longer of suffix's and mtp's). Model-free only (ngram, suffix): no weights are loaded.")] = "mtp",
     ngram: Annotated[Optional[str], typer.Option("--ngram", help="MIN,MAX: vLLM's prompt_lookup_min, prompt_lookup_max (default 5,5; one number sets both).")] = None,
+    ngram_runner: Annotated[NgramRunner, typer.Option("--ngram-runner", help="Which vLLM model runner's n-gram rule: v2 (vLLM 0.33's default: the GPU speculator, always K tokens, the most recent match) or v1 (the CPU proposer: the earliest match, short or no drafts).")] = "v2",
     suffix_max_tree_depth: Annotated[int, typer.Option("--suffix-max-tree-depth", help="vLLM's suffix_decoding_max_tree_depth.")] = 24,
     suffix_max_cached_requests: Annotated[int, typer.Option("--suffix-max-cached-requests", help="vLLM's suffix_decoding_max_cached_requests (outputs the global tree keeps; 0: none).")] = 10000,
     suffix_max_spec_factor: Annotated[float, typer.Option("--suffix-max-spec-factor", help="vLLM's suffix_decoding_max_spec_factor (draft at most factor x match length + offset).")] = 1.0,
     suffix_max_spec_offset: Annotated[float, typer.Option("--suffix-max-spec-offset", help="Arctic's max_spec_offset (vLLM leaves it 0).")] = 0.0,
     suffix_min_token_prob: Annotated[float, typer.Option("--suffix-min-token-prob", help="vLLM's suffix_decoding_min_token_prob.")] = 0.1,
+    serve_device: Annotated[ServeDevice, typer.Option("--serve-device", help="The GPU whose vLLM numerics the run describes (its block-FP8 kernels and top-k tie rule; the report's --device-spec names; cpu: vLLM without Triton).")] = "h100",
+    fp8_activations: Annotated[Optional[Fp8Activations], typer.Option("--fp8-activations", help="Block-FP8 checkpoints: dynamic (W8A8: activations quantised per token per group, as vLLM's FP8 kernels do) or none (weight-only); default: what vLLM runs on --serve-device (dynamic on h100, h200, b200; none on a100, l40s).")] = None,
     part_sessions: Annotated[int, typer.Option("--part-sessions", metavar="N", help="Write the run's Parquet parts N sessions at a time at most (fewer when a part reaches 2M rows or a minute's work); 1: one part per session.")] = 256,
     progress_every: Annotated[float, typer.Option("--progress-every", metavar="SECONDS", help="Without a terminal (a CI log): print the progress line to stderr every SECONDS (0: never).")] = 30.0,
     shard: Annotated[Optional[str], typer.Option("--shard", metavar="I/N", help="Replay shard I of N (0-based; e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT): the sessions whose id hashes to I, whatever the file layout; join the shards with mtp-observe merge (docs/scale.md).")] = None,
@@ -119,7 +128,7 @@ def replay(
     names = parse_drafters(drafters)
     shard_spec = shard_options(shard, shard_by)
     ray_options = _ray_options(ray, replicas, gpus_per_replica)
-    ngram_config = _parse_ngram(ngram)
+    ngram_config = _parse_ngram(ngram, ngram_runner)
     suffix_config = SuffixConfig(max_tree_depth=suffix_max_tree_depth, max_cached_requests=suffix_max_cached_requests,
                                  max_spec_factor=suffix_max_spec_factor, max_spec_offset=suffix_max_spec_offset,
                                  min_token_prob=suffix_min_token_prob)
@@ -141,7 +150,7 @@ def replay(
                          on_error=on_error, max_sessions=max_sessions, resume=resume, overwrite=overwrite,
                          device_map=device_map, template=overrides, drafters=names, ngram=ngram_config,
                          suffix=suffix_config, part_sessions=part_sessions, head_engine=head_reading, shard=shard_spec,
-                         ray=ray_options)
+                         ray=ray_options, serve_device=serve_device, fp8_activations=fp8_activations)
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
     try:
         # A live line on a terminal, cleared when it stops (a failure leaves its error line alone); a plain

@@ -20,7 +20,7 @@ Two kinds of drafter (README, "Model-free drafters"):
 
 The drafters (names as `positions.parquet` `drafter` values):
     mtp            the checkpoint's MTP head (the pipeline drafts it; needs the target's weights)
-    ngram          vLLM's prompt lookup (drafters/ngram.py)
+    ngram          vLLM's prompt lookup (drafters/ngram.py), as its V2 runner (default) or V1 runner proposes it
     suffix         suffix decoding at vLLM's defaults (drafters/suffix.py), drafted per K (by_k)
     hybrid         Arctic Inference's policy (drafters/hybrid.py): suffix decoding's draft where its score
                    reaches K and it proposes anything, else MTP's — with suffix speculating up to its tree
@@ -77,6 +77,7 @@ class Drafts:
     draft_ks: tuple[int, ...]  # [V] the K' of each variant
     tokens: np.ndarray  # [A, V, K] int32 variant v drafted for draft_ks[v]: columns past it NO_TOKEN
     from_model: np.ndarray | None  # [A, V] bool the draft is the model drafter's (None: nowhere)
+    runner: str = "v2"  # the vLLM model runner that serves the drafter (Roster.runner)
 
 
 def _per_k(draft: np.ndarray) -> np.ndarray:
@@ -136,13 +137,23 @@ class Roster:
             MTP: {},
             "ngram": {"prompt_lookup_min": self.ngram_config.prompt_lookup_min,
                       "prompt_lookup_max": self.ngram_config.prompt_lookup_max,
-                      "max_model_len": self.ngram_config.max_model_len},
+                      "max_model_len": self.ngram_config.max_model_len, "runner": self.ngram_config.runner},
             "suffix": suffix,
             "hybrid": {"policy": "suffix when its score >= K and it drafts, else mtp (Arctic Inference)",
                        "suffix": {**suffix, "max_spec_tokens": self.suffix_config.max_tree_depth}},
             "hybrid_longer": {"policy": "the longer of suffix's draft at K and mtp's, suffix on ties", "suffix": suffix},
         }
-        return {n: {**about[n], "draft_k": list(draft_ks(n, self.k))} for n in self.names}
+        return {n: {**about[n], "runner": self.runner(n), "draft_k": list(draft_ks(n, self.k))} for n in self.names}
+
+    def runner(self, name: str) -> str:
+        """The vLLM model runner that serves the drafter, whose rules its rows follow: "v2" for mtp (vLLM 0.33's
+        default on CUDA, vllm/config/vllm.py:730-767) and n-gram as configured (--ngram-runner); "v1" for suffix
+        decoding (V2 does not support it: `_get_v2_model_runner_unsupported_features`, vllm/config/vllm.py:3053-3087)
+        and the hybrids (Arctic Inference patches the V1 runner). The runner decides n-gram's rule and whether the
+        rejection sampler applies min-p at draft positions (target.py)."""
+        if name == "ngram":
+            return self.ngram_config.runner
+        return "v2" if name == MTP else "v1"
 
     def draft(self, tokens: np.ndarray, spans, keep: int | None = None, mtp: np.ndarray | None = None) -> list[Drafts]:
         """One Drafts per drafter of the roster, in its order, at every anchor of one request.
@@ -165,13 +176,14 @@ class Roster:
             deep_by_k = _per_k(deep.tokens)
         out = []
         for name in self.names:
+            runner = self.runner(name)
             if name == MTP:
-                out.append(Drafts(name, (K,), mtp[:, None, :], np.ones((A, 1), dtype=bool)))
+                out.append(Drafts(name, (K,), mtp[:, None, :], np.ones((A, 1), dtype=bool), runner))
             elif name == "ngram":
                 got = self._timed("ngram", self._ngram.propose, tokens, sp, K, keep=keep)
-                out.append(Drafts(name, (K,), got.tokens[:, None, :], None))
+                out.append(Drafts(name, (K,), got.tokens[:, None, :], None, runner))
             elif name == "suffix":
-                out.append(Drafts(name, draft_ks(name, K), by_k_tokens, None))
+                out.append(Drafts(name, draft_ks(name, K), by_k_tokens, None, runner))
             else:
                 model = _per_k(mtp)  # [A, K', K]
                 variants, chosen = [], []
@@ -183,7 +195,7 @@ class Roster:
                     variants.append(c.tokens)
                     chosen.append(~c.primary)
                 out.append(Drafts(name, draft_ks(name, K), np.stack(variants, axis=1).astype(np.int32),
-                                  np.stack(chosen, axis=1)))
+                                  np.stack(chosen, axis=1), runner))
         return out
 
     def add_outputs(self, tokens: np.ndarray, spans) -> None:

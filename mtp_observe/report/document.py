@@ -19,8 +19,10 @@ from .summary import BatchSpeedup, Report
 from .tallies import Slice
 from .verdict import Candidate, RecordingSampler
 
-REPORT_VERSION = 2  # the "report_version" of report_json; bump on an incompatible key change (2: best.tau_sim is the
-# verdict's τ, speedup from τ_sim, recorded_with, slices.context, tau_profile is the position-aware what-if estimate)
+REPORT_VERSION = 3  # the "report_version" of report_json; bump on an incompatible key change (2: best.tau_sim is the
+# verdict's τ, speedup from τ_sim, recorded_with, slices.context, tau_profile is the position-aware what-if estimate;
+# 3: the engine-counted keys of a drafter whose steps draft fewer than K tokens count only the steps with a draft
+# and their draft tokens, as vLLM does)
 
 
 def _num(x) -> float | None:
@@ -33,7 +35,7 @@ def rates_json(r: Rates, profiles: tuple[str, ...]) -> dict:
     "tau_profile": {profile: [K]}, "speedup": [K], "speedup_profile": {profile: [K]}, "on_policy": x,
     "support": {profile: x}, "calibration": {profile: x}, "fit_z": {profile: x}, "log_likelihood": {profile: x},
     "mean_acceptance_length": [K], "draft_acceptance_rate": [K], "per_position_acceptance": [K][K]} (the last three
-    engine-counted: over the simulated decode's steps at draft length K, as vLLM counts; row K-1 of
+    engine-counted: over the simulated decode's steps at draft length K that drafted, as vLLM counts; row K-1 of
     per_position_acceptance holds positions 1..K, then null); NaN -> null."""
     def seq(a):
         return [_num(v) for v in np.asarray(a)]

@@ -93,7 +93,7 @@ class Run:
     spans: Spans
     accepted_len: np.ndarray  # [A] int64  accepted length at each anchor, in row order (= span order)
     notes: tuple[str, ...]  # what the reader noticed (partial run, sessions left out, what a version-1 run lacks)
-    version: int = 2  # schema_version
+    version: int = 3  # schema_version
     own_sampler: np.ndarray | None = None  # [S] bool  the session's `recorded` profile is its own meta.sampling
     longest: np.ndarray | None = None  # [S] int64  tokens of each session's longest request
     loop: "LoopSteps | None" = None  # what `generate --speculative K` recorded (requests.parquet `speculative`), or None
@@ -102,6 +102,9 @@ class Run:
     target_ran: bool = True  # False: a model-free replay (no target columns, no fit sums)
     accepted_len_by_k: np.ndarray | None = None  # [A, K] accepted length of the draft made for K' = 1..K (per-K
     #                                              drafters: suffix, the hybrids); None: the Kmax draft's, cut at K'
+    draft_len: np.ndarray | None = None  # [A] int64  tokens each anchor's (Kmax) draft holds, past the end of the
+    #                                      turn too (vLLM's num_draft_tokens of a step there); None: always K (mtp)
+    draft_len_by_k: np.ndarray | None = None  # [A, K] the same for the draft made for K' = 1..K (per-K drafters)
 
     @property
     def has_fit(self) -> bool:
@@ -182,6 +185,15 @@ def load_run(path: str | Path, drafter: str | None = None) -> Run:
     reading_line = head_reading_note(manifest, version)
     if reading_line is not None:
         notes.append(reading_line)
+    if version < 3 and target_ran:
+        notes.append(f"a run written before schema_version 3 (it is {version}) records no serving numerics: a block-FP8 "
+                     "checkpoint was replayed weight-only (no W8A8 activations), top-k kept every tie at the k-th "
+                     "value and min-p applied at every draft position; re-run replay (--serve-device) for what vLLM "
+                     "runs on a GPU")
+    if version < 3 and "ngram" in drafters:
+        notes.append(f"a run written before schema_version 3 (it is {version}): its n-gram rows follow vLLM's V1 "
+                     "proposer (the earliest match, short or no drafts), not the V2 speculator vLLM 0.33 runs by "
+                     "default; re-run replay for that")
     if not target_ran:
         notes.append(f"a model-free replay ({', '.join(drafters)}): no target ran, so there is no p_accept, no on-policy "
                      "rate, no recording-sampler check and no what-if; the rows compare drafts with the recorded tokens "
@@ -190,9 +202,10 @@ def load_run(path: str | Path, drafter: str | None = None) -> Run:
     # 1. positions.parquet -> arrays, sorted by (session, request, pos, depth); a session is (part, session_id). With
     #    drafters: this drafter's rows drafted for Kmax (those for K' < Kmax give accepted lengths only, step 2)
     positions_path = path / "positions.parquet"
+    with_draft_len = with_drafters and chosen != "mtp" and has_column(positions_path, "draft_len")
     columns = ["session_id", "request", "pos", "depth", "segment", "draft_token", "actual_token", "match", "accepted",
                "draft_logprob"] + (["target_token", "target_logprob", "actual_logprob"] if target_ran else []) + \
-              [f"p_accept_{p}" for p in profiles] + [PART]
+              [f"p_accept_{p}" for p in profiles] + (["draft_len"] if with_draft_len else []) + [PART]
     table = read_dataset(positions_path, columns, status, filter=_variant(chosen, K) if with_drafters else None)
     if table.num_rows == 0:
         raise _run_error(positions_path, "has no rows" + (f" of drafter {chosen}" if with_drafters else "") +
@@ -216,6 +229,7 @@ def load_run(path: str | Path, drafter: str | None = None) -> Run:
     del segment_col, segment_codes, session_codes
     match, accepted = col("match", bool)[order], col("accepted", bool)[order]
     draft_token = col("draft_token")[order]
+    draft_len_rows = col("draft_len")[order] if with_draft_len else None
     on_policy = ((col("actual_token")[order] == col("target_token")[order]).astype(np.float64) if target_ran
                  else np.full(len(order), np.nan))
     p_accept = np.stack([col(f"p_accept_{p}", np.float64)[order] for p in profiles], axis=1) if profiles \
@@ -239,14 +253,21 @@ def load_run(path: str | Path, drafter: str | None = None) -> Run:
     if status == "complete":
         _check_counts(path / "run.json", counts, req, int((depth == 1).sum()), count_rows(positions_path),
                       requests_path, positions_path)
-    accepted_len_by_k = None
+    accepted_len_by_k = draft_len_by_k = None
+    draft_len = None if chosen == "mtp" else _draft_lengths(draft_len_rows, depth, anchor, draft_token, K, positions_path)
+    if chosen != "mtp" and not with_draft_len:
+        notes.append(f"{chosen}'s drafts have no recorded lengths (a run written before schema_version 3): a draft is "
+                     "taken to end at the end of its turn, so the engine-counted draft tokens at a turn's last steps are "
+                     "a lower bound")
     if len(draft_ks) > 1:  # a per-K drafter: the accepted length of the draft made for every K' (same anchors)
         if sorted(draft_ks) != list(range(1, K + 1)):
             raise _run_error(path / "run.json", f"drafters.{chosen}.draft_k is {list(draft_ks)}, expected [1, .., {K}] or "
                                                 f"[{K}]; the run directory is inconsistent")
-        accepted_len_by_k = np.stack([accepted_len if kk == K else _accepted_at(
-            positions_path, status, chosen, kk, session_keys, spans, sessions, requests_path) for kk in range(1, K + 1)],
-            axis=1)
+        by_k = [(accepted_len, draft_len) if kk == K else _accepted_at(
+            positions_path, status, chosen, kk, session_keys, spans, sessions, requests_path, with_draft_len)
+            for kk in range(1, K + 1)]
+        accepted_len_by_k = np.stack([a for a, _ in by_k], axis=1)
+        draft_len_by_k = np.stack([d for _, d in by_k], axis=1)
     rows = Rows(
         session=session, request=request, pos=pos, depth=depth, segment=segment,
         turn=spans.turn[span_index][anchor], accepted=accepted, on_path=on_path, on_policy=on_policy,
@@ -257,7 +278,8 @@ def load_run(path: str | Path, drafter: str | None = None) -> Run:
     return Run(path=path, manifest=manifest, k=K, profiles=profiles, sessions=sessions, segments=segments,
                session_keys=session_keys, rows=rows, spans=spans, accepted_len=accepted_len, notes=tuple(notes),
                version=version, own_sampler=own, longest=longest, loop=loop, drafter=chosen, drafters=drafters,
-               target_ran=target_ran, accepted_len_by_k=accepted_len_by_k)
+               target_ran=target_ran, accepted_len_by_k=accepted_len_by_k, draft_len=draft_len,
+               draft_len_by_k=draft_len_by_k)
 
 
 def _canonical_order(codes: np.ndarray, keys: tuple, path: Path, status: str, version: int, manifest: dict,
@@ -291,12 +313,28 @@ def _variant(drafter: str, k: int):
     return (pads.field("drafter") == drafter) & (pads.field("draft_k") == k)
 
 
+def _draft_lengths(draft_len_rows: np.ndarray | None, depth: np.ndarray, anchor: np.ndarray, draft_token: np.ndarray,
+                   k: int, where: Path) -> np.ndarray:
+    """[A] the tokens each anchor's draft holds: the rows' draft_len (schema 3; the same on every row of an anchor,
+    at least the depths it drafted, at most k), or without it the depths with a draft (a draft read to end at the
+    end of its turn)."""
+    proposed = np.bincount(anchor, weights=draft_token >= 0, minlength=int((depth == 1).sum())).astype(np.int64)
+    if draft_len_rows is None:
+        return proposed
+    first = depth == 1
+    out = draft_len_rows[first]
+    if np.any(draft_len_rows != out[anchor]) or np.any(out < proposed) or np.any(out > k):
+        raise _run_error(where, f"draft_len disagrees with the rows' drafts (it must be one value per anchor, between the "
+                                f"depths drafted and k = {k}); the file is corrupt, re-run replay")
+    return out
+
+
 def _accepted_at(positions_path: Path, status: str, drafter: str, k: int, session_keys, spans: "Spans", sessions,
-                 requests_path: Path) -> np.ndarray:
-    """[A] the accepted length at every anchor of the draft `drafter` made for K' = k (its rows with draft_k = k,
-    checked as the Kmax rows are), in the anchor order of the Kmax rows."""
-    table = read_dataset(positions_path, ["session_id", "request", "pos", "depth", "match", "accepted", PART], status,
-                         filter=_variant(drafter, k))
+                 requests_path: Path, with_draft_len: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """([A] the accepted length, [A] the draft length) at every anchor of the draft `drafter` made for K' = k (its
+    rows with draft_k = k, checked as the Kmax rows are), in the anchor order of the Kmax rows."""
+    table = read_dataset(positions_path, ["session_id", "request", "pos", "depth", "match", "accepted", "draft_token"]
+                         + (["draft_len"] if with_draft_len else []) + [PART], status, filter=_variant(drafter, k))
     codes, keys = _session_keys(table)
     index = {key: i for i, key in enumerate(session_keys)}
     unknown = [key for key in keys if key not in index]
@@ -310,9 +348,12 @@ def _accepted_at(positions_path: Path, status: str, drafter: str, k: int, sessio
 
     request, pos, depth = col("request"), col("pos"), col("depth")
     order = np.lexsort((depth, pos, request, session))
-    _, _, accepted_len, _ = _chains(k, session[order], request[order], pos[order], depth[order], col("match", bool)[order],
-                                    col("accepted", bool)[order], spans, sessions, positions_path, requests_path)
-    return accepted_len
+    _, anchor, accepted_len, _ = _chains(k, session[order], request[order], pos[order], depth[order],
+                                         col("match", bool)[order], col("accepted", bool)[order], spans, sessions,
+                                         positions_path, requests_path)
+    draft_len = _draft_lengths(col("draft_len")[order] if with_draft_len else None, depth[order], anchor,
+                               col("draft_token")[order], k, positions_path)
+    return accepted_len, draft_len
 
 
 def _chains(k: int, session, request, pos, depth, match, accepted, spans: "Spans", sessions,

@@ -99,7 +99,7 @@ def summarize(
     """Every metric, slice, interval, the recording sampler and the verdict for one run (ACCEPTANCE.md, 'Metrics')."""
     assert replicates >= 1, replicates
     S, K, N = len(run.sessions), run.k, len(run.spans.start)
-    steps, step_accepted = simulated_walks(run)
+    steps, step_accepted, step_drafted = simulated_walks(run)
     expected = what_if_steps(run)
     plan = resampling_for(run, replicates, seed)
     r = run.rows
@@ -109,8 +109,9 @@ def summarize(
     def family(row_group: np.ndarray, G: int, span_group: np.ndarray | None) -> tuple[Counts, Counts]:
         """Counts [N, G, ...] per span and group, and [S, G, ...] per session."""
         counts = tally(run, row_span * G + row_group, N * G,
-                       np.arange(N) * G + span_group if span_group is not None else None, steps, expected, step_accepted)
-        counts = Counts(**{f: v.reshape((N, G) + v.shape[1:]) for f, v in vars(counts).items()})
+                       np.arange(N) * G + span_group if span_group is not None else None, steps, expected, step_accepted,
+                       step_drafted)
+        counts = Counts(**{f: v.reshape((N, G) + v.shape[1:]) for f, v in vars(counts).items() if v is not None})
         return counts, _to_sessions(counts, run)
 
     def units(per_span: Counts, per_session: Counts) -> Counts:

@@ -3,8 +3,9 @@
 Contract:
     tally(run, row_group, n_groups, span_group, steps, ...) -> Counts
                                      counts per group (rates are derived only in metrics.py)
-    simulated_walks(run) -> (steps [N, K], step_accepted [N, K, K])
-                                     the simulated decode of every span at every draft length (τ_sim)
+    simulated_walks(run) -> (steps [N, K], step_accepted [N, K, K], step_drafted [N, K, K] | None)
+                                     the simulated decode of every span at every draft length (τ_sim), and what
+                                     its steps drafted (None: every step drafts K)
     what_if_steps(run) -> [N, P, K]  expected decode steps under each profile's acceptance probabilities
     resampling_for(run, replicates, seed) -> Resampling
                                      whole sessions, turns within sessions, or none
@@ -93,12 +94,14 @@ class Slice:
 
 
 def tally(run: Run, row_group: np.ndarray, n_groups: int, span_group: np.ndarray | None, steps: np.ndarray,
-          expected: np.ndarray | None = None, step_accepted: np.ndarray | None = None) -> Counts:
+          expected: np.ndarray | None = None, step_accepted: np.ndarray | None = None,
+          step_drafted: np.ndarray | None = None) -> Counts:
     """Counts per group: row_group [R] and span_group [N] (None: spans not counted, τ_sim NaN) -> Counts [G, ...].
 
     steps: [N, K] simulated decode steps of each span at K = 1..Kmax; expected: [N, P, K] the what-if
     expected steps per profile (None: zeros); step_accepted: [N, K, K] the walk's per-position counts at
-    each draft length (simulated_walks; None: zeros).
+    each draft length (simulated_walks; None: zeros); step_drafted: [N, K, K] its steps by draft length
+    (simulated_walks; None: every step drafts K).
     """
     K, P = run.k, len(run.profiles)
     r = run.rows
@@ -129,6 +132,7 @@ def tally(run: Run, row_group: np.ndarray, n_groups: int, span_group: np.ndarray
         fit_tokens=per_span(run.spans.fit_tokens.astype(np.float64)).astype(np.int64),
         fit_support=fit[:, 0, :], fit_q=fit[:, 1, :], fit_q2=fit[:, 2, :], fit_var=fit[:, 3, :], fit_ll=fit[:, 4, :],
         step_accepted=per_span(step_accepted if step_accepted is not None else np.zeros((N, K, K))).astype(np.int64),
+        step_drafted=per_span(step_drafted).astype(np.int64) if step_drafted is not None else None,
     )
 
 
@@ -139,20 +143,26 @@ def simulated_steps(run: Run) -> np.ndarray:
     return simulated_walks(run)[0]
 
 
-def simulated_walks(run: Run) -> tuple[np.ndarray, np.ndarray]:
-    """([N, K] steps, [N, K, K] step_accepted) of the simulated decode of every span at draft length K = 1..Kmax
-    (the draft made for K where run.accepted_len_by_k has one): step_accepted[n, K-1, k-1] counts the walk's steps
-    that accept depth k (0 for k > K), as vLLM counts them."""
+def simulated_walks(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """([N, K] steps, [N, K, K] step_accepted, [N, K, K] step_drafted or None) of the simulated decode of every span
+    at draft length K = 1..Kmax (the draft made for K where run.accepted_len_by_k has one): step_accepted[n, K-1, k-1]
+    counts the walk's steps that accept depth k, step_drafted[n, K-1, k-1] those whose draft holds at least k tokens
+    (both 0 for k > K), as vLLM counts them; step_drafted is None where every draft holds K (run.draft_len None)."""
     span_len = run.spans.end - run.spans.start
     N, Kmax = len(span_len), run.k
     by_k = run.accepted_len_by_k
+    lengths = run.draft_len_by_k if by_k is not None else None
     steps = np.zeros((N, Kmax), dtype=np.int64)
     step_accepted = np.zeros((N, Kmax, Kmax), dtype=np.int64)
+    step_drafted = np.zeros((N, Kmax, Kmax), dtype=np.int64) if run.draft_len is not None else None
     for k in range(1, Kmax + 1):
-        walk = decode_walk(run.accepted_len if by_k is None else by_k[:, k - 1], span_len, k)
+        draft_len = None if step_drafted is None else (run.draft_len if lengths is None else lengths[:, k - 1])
+        walk = decode_walk(run.accepted_len if by_k is None else by_k[:, k - 1], span_len, k, draft_len)
         steps[:, k - 1] = walk.steps
         step_accepted[:, k - 1, :k] = walk.step_accepted
-    return steps, step_accepted
+        if step_drafted is not None:
+            step_drafted[:, k - 1, :k] = walk.step_drafted
+    return steps, step_accepted, step_drafted
 
 
 def what_if_steps(run: Run) -> np.ndarray:
@@ -183,7 +193,7 @@ def _to_sessions(per_span: Counts, run: Run) -> Counts:
         np.add.at(out, run.spans.session, values)
         return out
 
-    return Counts(**{f: add(v) for f, v in vars(per_span).items()})
+    return Counts(**{f: add(v) for f, v in vars(per_span).items() if v is not None})
 
 
 def _slice(name: str, per_unit: Counts, per_session: Counts, cost: Cost, resampling: Resampling, level: float) -> Slice:
