@@ -433,10 +433,8 @@ def read_checkpoint(model_dir: str | Path) -> CheckpointInfo:
                 f"{where}: tie_word_embeddings is {tie} at the top level but {inner} in text_config; make them agree"
             )
     geometry = _geometry(family, text_config, path)
-    if geometry.num_layers != 1:
-        raise CheckpointError(
-            f"{where}: {family.depth_key} is {geometry.num_layers}; only 1 (every released checkpoint) is supported"
-        )
+    if geometry.num_layers < 1:
+        raise CheckpointError(f"{where}: {family.depth_key} is {geometry.num_layers}; an MTP head has at least one layer")
     quantization = _quantization(config, text_config if layout == "vlm" else {}, path)
 
     routing = geometry.moe
@@ -589,16 +587,17 @@ def load_head_tensors(info: CheckpointInfo, device: str = "cpu", dtype=None) -> 
         E, inter, H = g.moe.num_experts, g.moe.moe_intermediate_size, g.hidden_size
         first = info.tensors["mtp.layers.0.mlp.experts.0.gate_proj.weight"]
         stack_dtype = dtype or (torch.float32 if first.dtype == FP8_DTYPE else reader.raw(first.name).dtype)
-        gate_up = torch.empty(E, 2 * inter, H, dtype=stack_dtype, device=device)
-        down = torch.empty(E, H, inter, dtype=stack_dtype, device=device)
-        p = "mtp.layers.0.mlp.experts."
-        for e in range(E):
-            gate_up[e, :inter] = reader.value(f"{p}{e}.gate_proj.weight", stack_dtype)
-            gate_up[e, inter:] = reader.value(f"{p}{e}.up_proj.weight", stack_dtype)
-            down[e] = reader.value(f"{p}{e}.down_proj.weight", stack_dtype)
-        out["layers.0.mlp.experts.gate_up_proj"] = gate_up
-        out["layers.0.mlp.experts.down_proj"] = down
-        names = [n for n in names if not n.startswith(p)]
+        for layer in range(g.num_layers):  # every MTP layer stores its experts the same way
+            gate_up = torch.empty(E, 2 * inter, H, dtype=stack_dtype, device=device)
+            down = torch.empty(E, H, inter, dtype=stack_dtype, device=device)
+            p = f"mtp.layers.{layer}.mlp.experts."
+            for e in range(E):
+                gate_up[e, :inter] = reader.value(f"{p}{e}.gate_proj.weight", stack_dtype)
+                gate_up[e, inter:] = reader.value(f"{p}{e}.up_proj.weight", stack_dtype)
+                down[e] = reader.value(f"{p}{e}.down_proj.weight", stack_dtype)
+            out[f"layers.{layer}.mlp.experts.gate_up_proj"] = gate_up
+            out[f"layers.{layer}.mlp.experts.down_proj"] = down
+            names = [n for n in names if not n.startswith(p)]
     for n in sorted(names, key=lambda n: (info.tensors[n].file, n)):
         out[n[len(HEAD_PREFIX):]] = reader.value(n, dtype).to(device=device)
     return out

@@ -15,6 +15,11 @@ computed in fp32 and cast back):
     z   = z + mlp( N(z; post_attention_layernorm) )
     m_i = N(z; norm)                       draft for x_{i+2} = argmax lm_head(m_i)
 
+Hooks for the what-ifs that run the head in other shapes (tree.py's trees, layer_rules.py's layer i at step i):
+`draft_inputs` (one row's fc input, query, gate, key and value, through any layer), `attend_own` (queries that
+each see a prefix of the row pass's KV and their own list of earlier keys) and `topk_chunked` (the top k of the
+temperature-1 softmax, vocabulary chunked). `chain` is built from the same three.
+
 Drafting at anchor p (the target has just emitted x_p, so it holds h_{p-1}):
     step 1:     row p-1 = (h_{p-1}, x_p) at position p-1 (already computed by the row pass) -> d_1
     step s>=2:  (embed(d_{s-1}), m^{(s-1)}) at position p+s-2, attending to the true rows
@@ -32,8 +37,13 @@ Readings taken from the serving engines' code rather than from tensor shapes (vL
   - the head runs over every position the target processes (prompt included) with its own
     KV cache, at the position of h_i;
   - a chain step feeds back the head's post-norm output m (after mtp.norm), re-normed by
-    pre_fc_norm_hidden, at a position advanced by one per step, reusing layer
-    `step % mtp_num_hidden_layers`;
+    pre_fc_norm_hidden, at a position advanced by one per step, through MTP layer 0 at every step
+    (what vLLM 0.33 runs for Qwen3.5 — `Qwen3_5MTP.forward` drops `spec_step_idx`, so
+    `spec_step_idx % num_mtp_layers` is 0, vllm/model_executor/models/qwen3_5_mtp.py:281-293 — and what
+    SGLang's NEXTN builds: one layer, sglang/srt/models/qwen3_5_mtp.py:135-137). A head with several layers
+    (mtp_num_hidden_layers > 1) shares fc, the pre-fc norms and the final norm, as vLLM's
+    Qwen3_5MultiTokenPredictor does (one fc, one norm, `layers[idx]`); layer_rules.py runs the other rule,
+    layer i at step i, as the layers were trained and as transformers' MtpModel runs them;
   - drafts are argmax whatever the serving temperature.
 Readings that follow from Qwen3.5's own attention (transformers' Qwen3_5Attention): q_proj's
 output is viewed [nh, 2d] and split per head into query and gate; q_norm/k_norm over d
@@ -308,8 +318,37 @@ class Drafts:
 # The head
 
 
+class DecoderWeights(nn.Module):
+    """One MTP decoder layer's own tensors (attention, MLP and their norms), under `layers.{i}.` in the checkpoint."""
+
+    def __init__(self, g: HeadGeometry, tensors: dict[str, Tensor], prefix: str):
+        super().__init__()
+
+        def p(key):
+            return nn.Parameter(tensors[prefix + key], requires_grad=False)
+
+        self.input_layernorm = p("input_layernorm.weight")
+        self.post_attention_layernorm = p("post_attention_layernorm.weight")
+        self.q_proj = p("self_attn.q_proj.weight")  # [2 nh d, H]
+        self.k_proj = p("self_attn.k_proj.weight")  # [nkv d, H]
+        self.v_proj = p("self_attn.v_proj.weight")
+        self.o_proj = p("self_attn.o_proj.weight")  # [H, nh d]
+        self.q_norm = p("self_attn.q_norm.weight")  # [d]
+        self.k_norm = p("self_attn.k_norm.weight")
+        self.mlp = DenseMlp(tensors, prefix + "mlp.") if g.moe is None else SparseMoeMlp(g.moe, tensors, prefix + "mlp.")
+
+    def named_weights(self, prefix: str) -> dict[str, Tensor]:
+        own = {prefix + "input_layernorm.weight": self.input_layernorm,
+               prefix + "post_attention_layernorm.weight": self.post_attention_layernorm}
+        own |= {prefix + f"self_attn.{n}.weight": getattr(self, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")}
+        return own | self.mlp.named_weights(prefix + "mlp.")
+
+
 class MtpHead(nn.Module):
-    """Holds the head's tensors and the borrowed embedding / lm_head; `row_pass` and `chain` run it."""
+    """Holds the head's tensors and the borrowed embedding / lm_head; `row_pass` and `chain` run it.
+
+    `layers[i]` is MTP layer i (one in every released checkpoint); fc, the pre-fc norms and the final norm are
+    shared by every layer. The attributes of layer 0 (`q_proj`, `mlp`, ...) are also reachable on the head."""
 
     def __init__(self, geometry: HeadGeometry, tensors: dict[str, Tensor], embed_tokens: Tensor, lm_head: Tensor):
         super().__init__()
@@ -329,32 +368,33 @@ class MtpHead(nn.Module):
         self.pre_fc_norm_hidden = p("pre_fc_norm_hidden.weight")
         self.fc = p("fc.weight")  # [H, 2H]
         self.norm = p("norm.weight")
-        L = "layers.0."
-        self.input_layernorm = p(L + "input_layernorm.weight")
-        self.post_attention_layernorm = p(L + "post_attention_layernorm.weight")
-        self.q_proj = p(L + "self_attn.q_proj.weight")  # [2 nh d, H]
-        self.k_proj = p(L + "self_attn.k_proj.weight")  # [nkv d, H]
-        self.v_proj = p(L + "self_attn.v_proj.weight")
-        self.o_proj = p(L + "self_attn.o_proj.weight")  # [H, nh d]
-        self.q_norm = p(L + "self_attn.q_norm.weight")  # [d]
-        self.k_norm = p(L + "self_attn.k_norm.weight")
-        self.mlp = DenseMlp(tensors, L + "mlp.") if g.moe is None else SparseMoeMlp(g.moe, tensors, L + "mlp.")
+        self.layers = nn.ModuleList(DecoderWeights(g, tensors, f"layers.{i}.") for i in range(g.num_layers))
         # Borrowed from the target, not copied: a draft step reads the whole lm_head.
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
         inv_freq, self.attention_factor = rotary_frequencies(g, self.fc.device)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
+    # Layer 0's tensors under the names the head had before it held several layers.
+    input_layernorm = property(lambda self: self.layers[0].input_layernorm)
+    post_attention_layernorm = property(lambda self: self.layers[0].post_attention_layernorm)
+    q_proj = property(lambda self: self.layers[0].q_proj)
+    k_proj = property(lambda self: self.layers[0].k_proj)
+    v_proj = property(lambda self: self.layers[0].v_proj)
+    o_proj = property(lambda self: self.layers[0].o_proj)
+    q_norm = property(lambda self: self.layers[0].q_norm)
+    k_norm = property(lambda self: self.layers[0].k_norm)
+    mlp = property(lambda self: self.layers[0].mlp)
+
     def named_weights(self) -> dict[str, Tensor]:
         """The head's own tensors by checkpoint name without "mtp." (routed experts in the fused form)."""
-        L = "layers.0."
         own = {
             "pre_fc_norm_embedding.weight": self.pre_fc_norm_embedding, "pre_fc_norm_hidden.weight": self.pre_fc_norm_hidden,
             "fc.weight": self.fc, "norm.weight": self.norm,
-            L + "input_layernorm.weight": self.input_layernorm, L + "post_attention_layernorm.weight": self.post_attention_layernorm,
         }
-        own |= {L + f"self_attn.{n}.weight": getattr(self, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")}
-        return own | self.mlp.named_weights(L + "mlp.")
+        for i, layer in enumerate(self.layers):
+            own |= layer.named_weights(f"layers.{i}.")
+        return own
 
     @property
     def dtype(self) -> torch.dtype:
@@ -376,28 +416,70 @@ class MtpHead(nn.Module):
         hidden = self._norm(hidden.to(self.dtype), self.pre_fc_norm_hidden)
         return F.linear(torch.cat([embedding, hidden], dim=-1), self.fc)  # embedding first
 
-    def attention_inputs(self, z: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def attention_inputs(self, z: Tensor, positions: Tensor, layer: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """z: [n, H] residual stream, positions: [n] ->
         query [nh, n, d], gate [n, nh d], key [nkv, n, d], value [nkv, n, d] (query/key normed and rotated)."""
         g = self.geometry
+        w = self.layers[layer]
         n = z.shape[0]
-        x = self._norm(z, self.input_layernorm)
-        query_and_gate = F.linear(x, self.q_proj).view(n, g.num_heads, 2 * g.head_dim)
+        x = self._norm(z, w.input_layernorm)
+        query_and_gate = F.linear(x, w.q_proj).view(n, g.num_heads, 2 * g.head_dim)
         query, gate = query_and_gate.chunk(2, dim=-1)  # per head: [q_h | gate_h]
         gate = gate.reshape(n, g.num_heads * g.head_dim)
-        query = self._norm(query, self.q_norm).transpose(0, 1)  # [nh, n, d]
-        key = self._norm(F.linear(x, self.k_proj).view(n, g.num_kv_heads, g.head_dim), self.k_norm).transpose(0, 1)
-        value = F.linear(x, self.v_proj).view(n, g.num_kv_heads, g.head_dim).transpose(0, 1)
+        query = self._norm(query, w.q_norm).transpose(0, 1)  # [nh, n, d]
+        key = self._norm(F.linear(x, w.k_proj).view(n, g.num_kv_heads, g.head_dim), w.k_norm).transpose(0, 1)
+        value = F.linear(x, w.v_proj).view(n, g.num_kv_heads, g.head_dim).transpose(0, 1)
         cos, sin = rotary_cos_sin(positions, self.inv_freq, self.dtype, self.attention_factor)
         return apply_partial_rotary(query, cos, sin), gate, apply_partial_rotary(key, cos, sin), value
 
-    def finish_row(self, z: Tensor, attn: Tensor, gate: Tensor) -> Tensor:
+    def finish_row(self, z: Tensor, attn: Tensor, gate: Tensor, layer: int = 0) -> Tensor:
         """z: [n, H] residual, attn: [nh, n, d], gate: [n, nh d] -> m: [n, H] (post-norm)."""
+        w = self.layers[layer]
         n = z.shape[0]
         attn = attn.transpose(0, 1).reshape(n, -1)
-        z = z + F.linear(attn * torch.sigmoid(gate), self.o_proj)
-        z = z + self.mlp(self._norm(z, self.post_attention_layernorm))
+        z = z + F.linear(attn * torch.sigmoid(gate), w.o_proj)
+        z = z + w.mlp(self._norm(z, w.post_attention_layernorm))
         return self._norm(z, self.norm)
+
+    def draft_inputs(self, hidden: Tensor, tokens: Tensor, positions: Tensor, layer: int = 0):
+        """One draft row through `layer` up to its attention: hidden [Q, H] (h or a head state m), tokens [Q], positions
+        [Q] -> (z [Q, H], query [nh, Q, d], gate [Q, nh d], key [nkv, Q, d], value [nkv, Q, d])."""
+        z = self.fc_input(hidden, tokens)
+        return (z, *self.attention_inputs(z, positions, layer))
+
+    def attend_own(self, rows: "RowPass", prefix: Tensor, query: Tensor, own_keys: Tensor, own_values: Tensor,
+                   own_valid: Tensor | None = None, budget: int = ATTENTION_BUDGET) -> Tensor:
+        """Attention of Q draft queries, each over rows 0..prefix[q]-1 of `rows` (the row pass's KV of the layer the
+        queries run through) and over its own list of keys, batched in blocks of queries.
+
+        query [nh, Q, d]; prefix [Q] (0 allowed); own_keys / own_values [nkv, Q, n, d]: query q's own n keys (the
+        chain's earlier steps and itself; a tree slot's history; a layer's rows of one anchor); own_valid [Q, n] bool
+        (None: all) -> [nh, Q, d]. One block-structured boolean mask over [prefix keys | own keys of the block]."""
+        g = self.geometry
+        device = self.device
+        Q, n = own_keys.shape[1], own_keys.shape[2]
+        attn = torch.empty_like(query)
+        if Q == 0:
+            return attn
+        prefix = prefix.to(device=device, dtype=torch.long).clamp(min=0)
+        block = self._anchor_block(int(prefix.max()), n, budget)
+        for b0 in range(0, Q, block):
+            b1 = min(Q, b0 + block)
+            p = prefix[b0:b1]  # [B]
+            top = int(p.max())  # rows 0..max(p)-1 of the row pass
+            B = b1 - b0
+            # keys: [prefix rows | own keys of these B queries, n each, query-major]
+            ck = own_keys[:, b0:b1].reshape(g.num_kv_heads, B * n, g.head_dim)
+            cv = own_values[:, b0:b1].reshape(g.num_kv_heads, B * n, g.head_dim)
+            k_all = torch.cat([rows.keys[:, :top], ck], dim=1)
+            v_all = torch.cat([rows.values[:, :top], cv], dim=1)
+            mask_prefix = torch.arange(top, device=device)[None, :] < p[:, None]  # row j < p
+            owner = torch.arange(B, device=device).repeat_interleave(n)  # [B * n]
+            mask_own = owner[None, :] == torch.arange(B, device=device)[:, None]
+            if own_valid is not None:
+                mask_own = mask_own & own_valid[b0:b1].to(device).reshape(-1)[None, :]
+            attn[:, b0:b1] = self._attend(query[:, b0:b1], k_all, v_all, torch.cat([mask_prefix, mask_own], dim=1))
+        return attn
 
     def _row_mask(self, q_positions: Tensor, k_positions: Tensor):
         """The row pass's causal mask. On CUDA a lower-right CausalBias (the same mask when the chunk's
@@ -426,12 +508,17 @@ class MtpHead(nn.Module):
     # -- the two passes ----------------------------------------------------------------------
 
     @torch.no_grad()
-    def row_pass(self, hidden: Tensor, next_ids: Tensor, chunk_size: int = 2048, prefix: RowPass | None = None) -> RowPass:
+    def row_pass(self, hidden: Tensor, next_ids: Tensor, chunk_size: int = 2048, prefix: RowPass | None = None,
+                 layer: int = 0) -> RowPass:
         """Run every row i = (h_i, x_{i+1}) at position i, filling the head's KV cache chunk by chunk.
 
         hidden: [m, H] target post-final-norm states, next_ids: [m] the tokens after them. Without
         `prefix` these are rows 0..m-1; with it (rows 0..P-1 of the same request, computed before)
         they are rows P..P+m-1, attending to the prefix's KV, and the result holds all P+m rows.
+
+        layer i > 0 (layer_rules.py): the rows of MTP layer i, row j = (layer i-1's state at row j, x_{j+i+1}) at
+        position j + i (transformers' MtpModel shifts each layer's positions by one, MtpCache.get_query_offset);
+        the caller passes those states and tokens.
         """
         g = self.geometry
         m = hidden.shape[0]
@@ -444,15 +531,15 @@ class MtpHead(nn.Module):
         states = torch.empty(n, g.hidden_size, dtype=self.dtype, device=device)
         if prefix is not None:
             keys[:, :P], values[:, :P], states[:P] = prefix.keys, prefix.values, prefix.states
-        all_positions = torch.arange(n, device=device)
+        all_positions = torch.arange(n, device=device) + layer
         for c0 in range(P, n, chunk_size):
             c1 = min(n, c0 + chunk_size)
             positions = all_positions[c0:c1]
             z = self.fc_input(hidden[c0 - P : c1 - P].to(device), next_ids[c0 - P : c1 - P].to(device))
-            query, gate, key, value = self.attention_inputs(z, positions)
+            query, gate, key, value = self.attention_inputs(z, positions, layer)
             keys[:, c0:c1], values[:, c0:c1] = key, value
             attn = self._attend(query, keys[:, :c1], values[:, :c1], self._row_mask(positions, all_positions[:c1]))
-            states[c0:c1] = self.finish_row(z, attn, gate)
+            states[c0:c1] = self.finish_row(z, attn, gate, layer)
         return RowPass(states=states, keys=keys, values=values)
 
     @staticmethod
@@ -499,34 +586,15 @@ class MtpHead(nn.Module):
         chain_keys = torch.empty(g.num_kv_heads, A, max(K - 1, 1), g.head_dim, dtype=self.dtype, device=device)
         chain_values = torch.empty_like(chain_keys)
 
-        # Steps 2..K over the anchors still drafting.
+        # Steps 2..K over the anchors still drafting: each query sees rows 0..p-1 and its own chain rows.
         for step in range(2, K + 1):
             alive = torch.nonzero(depths >= step).squeeze(1)  # [A_s] indices into anchors
             a_pos = anchors[alive]
-            positions = a_pos + step - 2
-            z = self.fc_input(state[alive], tokens[alive, step - 2])
-            query, gate, key, value = self.attention_inputs(z, positions)  # query [nh, A_s, d]
+            z, query, gate, key, value = self.draft_inputs(state[alive], tokens[alive, step - 2], a_pos + step - 2)
             chain_keys[:, alive, step - 2] = key
             chain_values[:, alive, step - 2] = value
-            attn = torch.empty_like(query)
-            n_chain = step - 1
-            block = self._anchor_block(int(a_pos.max()), n_chain, attention_budget)
-            for b0 in range(0, alive.shape[0], block):
-                b1 = min(alive.shape[0], b0 + block)
-                idx = alive[b0:b1]
-                p = anchors[idx]  # [B]
-                prefix = int(p.max())  # true rows 0..max(p)-1
-                B = b1 - b0
-                # keys: [prefix rows | chain rows of these B anchors, n_chain each, anchor-major]
-                ck = chain_keys[:, idx, :n_chain].reshape(g.num_kv_heads, B * n_chain, g.head_dim)
-                cv = chain_values[:, idx, :n_chain].reshape(g.num_kv_heads, B * n_chain, g.head_dim)
-                k_all = torch.cat([rows.keys[:, :prefix], ck], dim=1)
-                v_all = torch.cat([rows.values[:, :prefix], cv], dim=1)
-                mask_prefix = torch.arange(prefix, device=device)[None, :] < p[:, None]  # row j < p
-                owner = torch.arange(B, device=device).repeat_interleave(n_chain)  # [B * n_chain]
-                mask_chain = owner[None, :] == torch.arange(B, device=device)[:, None]
-                mask = torch.cat([mask_prefix, mask_chain], dim=1)
-                attn[:, b0:b1] = self._attend(query[:, b0:b1], k_all, v_all, mask)
+            attn = self.attend_own(rows, a_pos, query, chain_keys[:, alive, : step - 1], chain_values[:, alive, : step - 1],
+                                   budget=attention_budget)
             new_state = self.finish_row(z, attn, gate)
             state = state.clone()
             state[alive] = new_state
@@ -560,6 +628,21 @@ class MtpHead(nn.Module):
         while block > 1 and nh * block * (max_prefix + block * n_chain) > budget:
             block //= 2
         return block
+
+    def topk_chunked(self, states: Tensor, k: int, budget: int = LOGITS_BUDGET) -> tuple[Tensor, Tensor, Tensor]:
+        """states: [n, H] -> (ids [n, k] int64, probabilities [n, k] fp32, log-probabilities [n, k] fp32): the k most
+        likely tokens of the temperature-1 softmax of the head's logits, most likely first (SGLang's tree scores:
+        `fast_topk(softmax(logits), topk)`, sglang/srt/speculative/eagle_worker_v2.py:881-888), vocabulary chunked."""
+        n = states.shape[0]
+        rows = max(1, budget // self.geometry.vocab_size)
+        ids = torch.empty(n, k, dtype=torch.long, device=self.device)
+        lps = torch.empty(n, k, dtype=torch.float32, device=self.device)
+        for r0 in range(0, n, rows):
+            logits = self.logits(states[r0 : r0 + rows])
+            top, idx = logits.topk(k, dim=-1)
+            ids[r0 : r0 + rows] = idx
+            lps[r0 : r0 + rows] = top - torch.logsumexp(logits, dim=-1, keepdim=True)
+        return ids, lps.exp(), lps
 
     def _argmax_chunked(self, states: Tensor, budget: int) -> tuple[Tensor, Tensor]:
         """states: [n, H] -> (argmax token [n] int64, its log-softmax [n] fp32), vocab chunked by rows."""

@@ -1,4 +1,4 @@
-"""The tables: the run directory's public contract (schema_version 2) and its atomic writing.
+"""The tables: the run directory's public contract (schema_version 3) and its atomic writing.
 
 Contract (PRODUCT.md): a run directory holds
 
@@ -66,8 +66,27 @@ run.json:
 Added within version 2 (optional keys; a run without them reads as before): requests.parquet `routing`
 and run.json `model.cost_geometry`, for the speedup by batch size (cost.py).
 
+Version 3 (the report reads versions 1 and 2 and says what they lack: no trees, no layer rules):
+    run.json `trees`        [{"name": "tree:S,TOPK,T" (",ancestors" for the true-ancestor what-if), "steps": S,
+                            "topk": TOPK, "draft_tokens": T, "attention": "slot" | "ancestors"}]: `replay --tree`'s
+                            SGLang configurations (tree.py), part of the run's identity; [] without --tree
+    run.json `layer_rules`  [] for a one-layer head; for a head with several MTP layers [{"rule": "layer0",
+                            "drafter": "mtp", "layers": L, "k": null}, {"rule": "stepwise", "drafter": "mtp:stepwise",
+                            "layers": L, "k": min(Kmax, L)}] (layer_rules.py): the `mtp` rows are layer 0 at every
+                            step, the `mtp:stepwise` rows layer i at step i+1
+    positions.parquet       with trees or layer rules the run has the drafter columns even for mtp alone: each tree's
+                            rows are a block with `drafter` = its name and `draft_k` = S (depths 1..min(S, e - p)), the
+                            stepwise rule's a block with `drafter` = "mtp:stepwise" and `draft_k` = its k; a tree row's
+                            draft_token, match, accepted, draft_logprob and p_accept_<profile> are defined in
+                            tree_acceptance.py (the recorded continuation followed down the tree; p_accept the chance
+                            the sampled rule leaves the on-path node for any of its kept children)
+    tree_node               int8, null on rows that are not a tree's; only in runs with trees: why the recorded path
+                            is where it is at that depth — 2 kept in the final tree, 1 grown but cut by the T-1 budget,
+                            0 not among the expanded node's TOPK children, -1 its parent was never expanded (not in
+                            its level's frontier), -2 the path left the grown tree at an earlier depth
+
 run.json keys:
-    schema_version      2 (version-1 runs are read too; they lack the keys marked "v2": among them
+    schema_version      3 (version 3: trees and layer rules, above; version-1 and -2 runs are read too; they lack the keys marked "v2": among them
                         model.weights_fingerprint, model.generation_config_sha256, options.device_map)
     tool                {"name": "mtp-observe", "version": str}
     created, finished   ISO-8601 UTC strings (finished null while running)
@@ -163,7 +182,7 @@ import pyarrow.parquet as pq
 
 from .errors import RunDirectoryError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SEGMENTS = ["reasoning", "text", "tool_call", "end"]
 
 REQUESTS_SCHEMA = pa.schema(
@@ -220,13 +239,15 @@ def requests_schema(profiles: list[str]) -> pa.Schema:
 
 TARGET_COLUMNS = ("target_token", "target_logprob", "actual_logprob")  # (and p_accept_*) absent without a target
 DRAFTER_FIELDS = [("drafter", pa.dictionary(pa.int8(), pa.string())), ("draft_k", pa.int8())]
+TREE_NODE = ("tree_node", pa.int8())  # version 3, runs with trees only (module docstring)
+NOT_A_TREE = -128  # tree_node as the replay holds it for a row that is not a tree's; written as null
 
 
-def positions_schema(profiles: list[str], drafters: bool = False, target: bool = True) -> pa.Schema:
+def positions_schema(profiles: list[str], drafters: bool = False, target: bool = True, trees: bool = False) -> pa.Schema:
     """positions.parquet's columns: the fixed ones, then one float32 p_accept_<profile> per sampling profile.
-    drafters: with the `drafter` and `draft_k` columns (a run of other drafters than mtp alone); target False:
-    without the target's columns (a model-free replay ran no target)."""
-    fields = list(_POSITION_FIELDS)
+    drafters: with the `drafter` and `draft_k` columns (a run of other drafters than mtp alone, or with variants);
+    target False: without the target's columns (a model-free replay ran no target); trees: with `tree_node`."""
+    fields = list(_POSITION_FIELDS) + ([TREE_NODE] if trees else [])
     if drafters:
         at = [name for name, _ in fields].index("depth") + 1
         fields = fields[:at] + DRAFTER_FIELDS + fields[at:]
@@ -332,7 +353,8 @@ def positions_table(session_id: str, per_request: list[tuple[int, dict]], profil
     rows are then ordered by (drafter, draft_k, request, pos, depth). target False: no target columns."""
     import numpy as np
 
-    schema = positions_schema(profiles, drafters=drafters is not None, target=target)
+    trees = bool(per_request) and "tree_node" in per_request[0][1]
+    schema = positions_schema(profiles, drafters=drafters is not None, target=target, trees=trees)
     if not per_request:
         return schema.empty_table()
     cols = {name: np.concatenate([c[name] for _, c in per_request]) for name in per_request[0][1]}
@@ -351,6 +373,8 @@ def positions_table(session_id: str, per_request: list[tuple[int, dict]], profil
     if drafters is not None:
         arrays["drafter"] = pa.DictionaryArray.from_arrays(pa.array(cols["drafter"], pa.int8()),
                                                            pa.array(list(drafters), pa.string()))
+    if trees:
+        arrays["tree_node"] = pa.array(cols["tree_node"], pa.int8(), mask=cols["tree_node"] == NOT_A_TREE)
     for field in schema:
         if field.name not in arrays:
             arrays[field.name] = pa.array(cols[field.name], field.type)

@@ -62,6 +62,20 @@ def _parse_ngram(text: Optional[str]):
     return ngram_config(lo, hi)
 
 
+def _parse_trees(specs: list[str]) -> tuple:
+    """--tree S,TOPK,T (repeatable) -> tree.TreeConfig's in the order given; a configuration named twice is refused."""
+    from ..tree import MAX_TREES, parse_tree
+
+    trees = tuple(parse_tree(spec) for spec in specs)
+    names = [t.name for t in trees]
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise OptionError(f"--tree {twice.removeprefix('tree:')}: named twice; give each configuration once")
+    if len(trees) > MAX_TREES:
+        raise OptionError(f"--tree: {len(trees)} configurations; at most {MAX_TREES} in one replay")
+    return trees
+
+
 def _with_defaults(extra, model_dir: Path) -> tuple:
     """The default profiles, each replaced by an --sampling profile of the same name, then the new ones."""
     from ..pipeline import default_profiles
@@ -95,6 +109,7 @@ def replay(
     suffix_max_spec_factor: Annotated[float, typer.Option("--suffix-max-spec-factor", help="vLLM's suffix_decoding_max_spec_factor (draft at most factor x match length + offset).")] = 1.0,
     suffix_max_spec_offset: Annotated[float, typer.Option("--suffix-max-spec-offset", help="Arctic's max_spec_offset (vLLM leaves it 0).")] = 0.0,
     suffix_min_token_prob: Annotated[float, typer.Option("--suffix-min-token-prob", help="vLLM's suffix_decoding_min_token_prob.")] = 0.1,
+    tree: Annotated[Optional[list[str]], typer.Option("--tree", metavar="S,TOPK,T", help="Also grow and verify SGLang tree drafts at every anchor: S = --speculative-num-steps, TOPK = --speculative-eagle-topk, T = --speculative-num-draft-tokens (repeatable; S,TOPK,T,ancestors: the true-ancestor attention what-if). A what-if beside the chain: docs/trees.md.")] = None,
     part_sessions: Annotated[int, typer.Option("--part-sessions", metavar="N", help="Write the run's Parquet parts N sessions at a time at most (fewer when a part reaches 2M rows or a minute's work); 1: one part per session.")] = 256,
     progress_every: Annotated[float, typer.Option("--progress-every", metavar="SECONDS", help="Without a terminal (a CI log): print the progress line to stderr every SECONDS (0: never).")] = 30.0,
 ) -> None:
@@ -109,6 +124,7 @@ def replay(
     if progress_every < 0:
         raise OptionError(f"--progress-every {progress_every:g}: expected seconds >= 0 (0: no progress lines)")
     names = parse_drafters(drafters)
+    trees = _parse_trees(tree or [])
     ngram_config = _parse_ngram(ngram)
     suffix_config = SuffixConfig(max_tree_depth=suffix_max_tree_depth, max_cached_requests=suffix_max_cached_requests,
                                  max_spec_factor=suffix_max_spec_factor, max_spec_offset=suffix_max_spec_offset,
@@ -126,7 +142,7 @@ def replay(
                          profiles=_with_defaults(extra, model_dir) if not model_free else (), recorded_with=declared,
                          on_error=on_error, max_sessions=max_sessions, resume=resume, overwrite=overwrite,
                          device_map=device_map, template=overrides, drafters=names, ngram=ngram_config,
-                         suffix=suffix_config, part_sessions=part_sessions)
+                         suffix=suffix_config, part_sessions=part_sessions, trees=trees)
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
     try:
         # A live line on a terminal, cleared when it stops (a failure leaves its error line alone); a plain
