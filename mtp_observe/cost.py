@@ -267,10 +267,11 @@ class StepTimes:
         return np.maximum(out, self.draft)
 
     def draft_width_source(self, width: int) -> str:
-        """How t_draft(B, w) is known: "measured" (probe), "roofline", or "interpolated" (module docstring)."""
+        """How t_draft(B, w) is known: "measured" (probe), "roofline", "interpolated" (module docstring), or "one
+        token" (a batch-1-only cost: a step over w tokens taken as a step over one, the memory-bound reading)."""
         if width == 1 or (self.draft_width and width in self.draft_width):
             return "roofline" if self.source == "roofline" else "measured"
-        return "interpolated"
+        return "interpolated" if len(self.batch) > 1 else "one token"
 
     def index(self, b: int) -> int:
         if b not in self.batch:

@@ -276,3 +276,44 @@ def test_sampled_tree_acceptance_agrees_with_a_real_tree_draft_and_verify_loop_o
             mine = first[first.request == req.request]
             hits += sum(int(v in top[p - 1].tolist()) for p, v in zip(mine.pos, mine.target_token))
         assert float(t.overall.value.alpha[0]) == pytest.approx(hits / len(first), rel=1e-12)
+
+
+def test_a_resumed_run_with_trees_equals_an_uninterrupted_one_and_refuses_other_trees(tiny_checkpoint, tmp_path):
+    import shutil
+
+    from mtp_observe.errors import RunDirectoryError
+    from mtp_observe.manifest import row_draft_ks
+    from mtp_observe.parts import finished_sessions
+
+    sessions = write_sessions(tmp_path / "s.jsonl", [SESSION, {**SESSION, "id": "two"}])
+    trees = (parse_tree("2,2,4"), parse_tree("2,1,3"))
+    options = dict(k=2, device="cpu", trees=trees, part_sessions=1)
+    whole = replay([sessions], tiny_checkpoint, tmp_path / "whole", ReplayOptions(**options))
+    part = tmp_path / "part"  # the same run, killed after its first session: the second's parts never written
+    shutil.copytree(whole, part)
+    for table in ("positions.parquet", "requests.parquet"):
+        (part / table / "part-00000001.parquet").unlink()
+    manifest = json.loads((part / "run.json").read_text())
+    (part / "run.json").write_text(json.dumps({**manifest, "status": "failed", "finished": None}))
+    assert row_draft_ks(manifest) == [2, 2, 2]  # mtp, then each tree's S: what a finished part must hold
+    assert set(finished_sessions(part, 2, row_draft_ks(manifest))) == {"demo"}  # its tree rows count as complete
+    with pytest.raises(RunDirectoryError, match="trees differ"):
+        replay([sessions], tiny_checkpoint, part, ReplayOptions(**{**options, "trees": trees[:1], "resume": True}))
+    replay([sessions], tiny_checkpoint, part, ReplayOptions(**options, resume=True))
+    a, b = (pd.read_parquet(r / "positions.parquet").sort_values(["session_id", "drafter", "request", "pos", "depth"])
+            .reset_index(drop=True) for r in (whole, part))
+    assert set(a.drafter.astype(str)) == {"mtp", "tree:2,2,4", "tree:2,1,3"} and a.tree_node.isna().sum() > 0
+    pd.testing.assert_frame_equal(a, b)
+    assert json.loads((part / "run.json").read_text())["counts"]["rows"] == len(a)
+
+
+def test_a_version_2_run_reads_with_a_note_that_it_has_no_trees(tiny_checkpoint, tmp_path):
+    sessions = write_sessions(tmp_path / "s.jsonl", [SESSION])
+    run = replay([sessions], tiny_checkpoint, tmp_path / "run", ReplayOptions(k=2, device="cpu"))
+    manifest = json.loads((run / "run.json").read_text())
+    for key in ("trees", "layer_rules"):
+        manifest.pop(key)
+    (run / "run.json").write_text(json.dumps({**manifest, "schema_version": 2}))
+    doc = report_json(read_and_summarize(run, replicates=20).report)
+    assert doc["trees"] == [] and doc["layer_rules"] == [] and doc["run"]["schema_version"] == 2
+    assert any("schema_version 2 run: no tree drafts" in n for n in doc["notes"])

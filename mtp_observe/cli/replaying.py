@@ -198,6 +198,7 @@ def _print_replay_summary(run_dir: Path) -> None:
            "target's own traffic (mtp-observe report lists the statistics)" if rec.name is None else
            f"recording sampler: {rec.label} does not fit these sessions (mtp-observe report lists the statistics)")
     say(out, f"on-policy rate {float(v.on_policy):.3f}; {fit}")
+    _say_what_ifs(run_dir, m)
     if str(m.get("device", "")).startswith("cuda"):  # transformers' own warning about it is silenced (stderr is ours)
         import importlib.util
 
@@ -207,6 +208,24 @@ def _print_replay_summary(run_dir: Path) -> None:
             say(out, f"note: the target ran transformers' reference linear-attention kernels (correct, slower); "
                      f"pip install {' '.join(missing)} for the fast ones")
     say(out, f"run directory: {run_dir}   next: mtp-observe report {run_dir}")
+
+
+def _say_what_ifs(run_dir: Path, manifest: dict) -> None:
+    """One line per tree and layer rule of the run (docs/trees.md): τ_sim at its depth; `report` has the rest."""
+    from ..report import load_run, model_free_cost, run_layer_rules, run_trees, summarize
+
+    parts = []
+    for t in run_trees(manifest):
+        run = load_run(run_dir, variant=(t["name"], int(t["steps"])))
+        v = summarize(run, model_free_cost(run), replicates=1, seed=0).overall.value  # τ_sim does not depend on the cost
+        parts.append(f"{t['name']} τ_sim {float(v.tau_sim[int(t['steps']) - 1]):.3f}")
+    for r in run_layer_rules(manifest):
+        if r.get("k"):
+            run = load_run(run_dir, variant=(r["drafter"], int(r["k"])))
+            v = summarize(run, model_free_cost(run), replicates=1, seed=0).overall.value
+            parts.append(f"{r['drafter']} (layer i at step i) τ_sim({r['k']}) {float(v.tau_sim[int(r['k']) - 1]):.3f}")
+    if parts:
+        say(out, "what-ifs (mtp-observe report has their speedup): " + "; ".join(parts))
 
 
 def _print_drafters_summary(run_dir: Path) -> None:
@@ -233,4 +252,5 @@ def _print_drafters_summary(run_dir: Path) -> None:
     out.print(t)
     if m.get("target_ran") is False:
         say(out, "model-free replay: no target ran (no p_accept, no on-policy rate, no recording-sampler check)")
+    _say_what_ifs(run_dir, m)
     say(out, f"run directory: {run_dir}   next: mtp-observe report {run_dir}")

@@ -246,5 +246,10 @@ def summarize_trees(report: Report, run: Run, table: CostTable, **options) -> Re
             notes.append(f"trees: the draft step over {', '.join(map(str, interpolated))} tokens per sequence is the "
                          "cost table's draft step at batch B·TOPK, interpolated; `mtp-observe probe --tree S,TOPK,T` "
                          "measures it")
+        one = sorted({t.topk for t in summaries if t.draft_width == "one token"})
+        if one:
+            notes.append(f"trees: the cost has batch 1 only, so a draft step over {', '.join(map(str, one))} tokens per "
+                         "sequence is taken as one over a single token (memory-bound); `mtp-observe probe --tree "
+                         "S,TOPK,T` measures it")
     return replace(report, trees=tuple(summaries), configurations=tuple(configurations), layer_rules=tuple(layer_rules),
                    notes=tuple(notes))
