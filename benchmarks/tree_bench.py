@@ -8,7 +8,8 @@ Workload: the demo sessions (sessions/*.jsonl) on the bundled model, CPU, float3
 
 1. End to end: `mtp-observe replay` twice in its own process (mtp_observe.memory.run_measured: the OS's own peak RSS
    and CPU time of the process, user + system), the chain alone and the chain with the trees.
-2. Where the time goes, in this process, request by request, as pipeline.replay_request runs the stages: the
+2. Where the time goes (CPU seconds of this process, time.process_time: robust to a shared machine's load),
+   request by request, as pipeline.replay_request runs the stages: the
    target's prefill, the head's row pass and chain, each (TOPK, rule)'s tree growth (tree.grow, with the nodes it
    generates), the trees' walks and rows, and the target's reductions for the chain's rows alone and for the chain's
    and the trees' together (one call: logits once per position). The claim under test: the head's extra work grows
@@ -88,25 +89,25 @@ def breakdown(files, trees, k: int, max_sessions: int | None) -> dict:
             break
         for request in renderer.render(session).requests:
             ids = torch.tensor(request.input_ids, dtype=torch.long)
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             hidden, _ = prefill(target, ids, 2048)
-            t1 = time.perf_counter()
+            t1 = time.process_time()
             rows = head.row_pass(hidden[:-1], ids[1:])
             plan = anchor_plan(request.spans, k)
             drafts = head.chain(rows, plan.anchors, plan.depths)
-            t2 = time.perf_counter()
+            t2 = time.process_time()
             seconds["prefill"] += t1 - t0
             seconds["head_row_pass_and_chain"] += t2 - t1
             anchors_total += int(plan.anchors.shape[0])
             deepest = anchor_plan(request.spans, max(t.steps for t in configs))
             grown = {}
             for (K, rule), S in groups.items():
-                g0 = time.perf_counter()
+                g0 = time.process_time()
                 grown[(K, rule)] = grow(head, rows, deepest.anchors, K, S, rule)
                 key = f"topk {K}, steps {S}"
-                grow_s[key] += time.perf_counter() - g0
+                grow_s[key] += time.process_time() - g0
                 nodes[key] += int(deepest.anchors.shape[0]) * (K + (S - 1) * K * K)
-            w0 = time.perf_counter()
+            w0 = time.process_time()
             blocks = []
             for t in configs:
                 tp = anchor_plan(request.spans, t.steps)
@@ -115,19 +116,19 @@ def breakdown(files, trees, k: int, max_sessions: int | None) -> dict:
                 offsets = tp.anchors[:, None] + torch.arange(1, t.steps + 1)[None, :]
                 continuation = torch.where(offsets < ids.shape[0], ids[offsets.clamp(max=ids.shape[0] - 1)], -1)
                 blocks.append(tree_rows(g, recorded_walk(g, kept, t.steps, continuation), tp, row_index(tp, t.steps)))
-            seconds["trees_walk_and_rows"] += time.perf_counter() - w0
+            seconds["trees_walk_and_rows"] += time.process_time() - w0
             index = row_index(plan, k)
             turns = Turns(ids, torch.tensor([sp.start for sp in request.spans]), torch.tensor([sp.end for sp in request.spans]))
             chain_pos = index.target_position
             chain_tok = drafts.tokens[index.anchor_index, index.depth - 1]
             chain_act = ids[index.actual_position]
-            r0 = time.perf_counter()
+            r0 = time.process_time()
             reduce_logits(target.lm_head.weight, hidden, chain_pos, chain_tok, chain_act, tuple(profiles), turns=turns)
-            r1 = time.perf_counter()
+            r1 = time.process_time()
             reduce_logits(target.lm_head.weight, hidden, torch.cat([chain_pos] + [b.positions for b in blocks]),
                           torch.cat([chain_tok] + [b.entry_token for b in blocks]),
                           torch.cat([chain_act] + [ids[b.actual_positions] for b in blocks]), tuple(profiles), turns=turns)
-            r2 = time.perf_counter()
+            r2 = time.process_time()
             seconds["target_reduce_chain_rows"] += r1 - r0
             seconds["target_reduce_chain_and_tree_rows"] += r2 - r1
             entries["chain"] += int(chain_pos.shape[0])

@@ -110,8 +110,7 @@ def parse_tree(text: str) -> TreeConfig:
         raise OptionError(f"--tree {text}: TOPK = {K}; expected 1 to {MAX_TOPK}")
     if K == 1 and T != S + 1:
         raise OptionError(f"--tree {text}: with TOPK 1 SGLang sets T to S + 1 = {S + 1} (a chain; "
-                          "arg_groups/speculative_hook.py:1255-1266); pass {S},1,{S + 1}".replace("{S}", str(S))
-                          .replace("{S + 1}", str(S + 1)))
+                          f"arg_groups/speculative_hook.py:1255-1266); pass {S},1,{S + 1}")
     if not 2 <= T <= 1 + config.candidates:
         raise OptionError(f"--tree {text}: T = {T} verified tokens (the root included); expected 2 to 1 + K + (S-1)K² = "
                           f"{1 + config.candidates} (SGLang keeps the T-1 best of the {config.candidates} it generates)")
