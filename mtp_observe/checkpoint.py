@@ -460,10 +460,11 @@ def read_checkpoint(model_dir: str | Path) -> CheckpointInfo:
                 f"{where}: tie_word_embeddings is {tie} at the top level but {inner} in text_config; make them agree"
             )
     geometry = _geometry(family, text_config, path)
-    if geometry.num_layers != 1:
-        raise CheckpointError(
-            f"{where}: {family.depth_key} is {geometry.num_layers}; only 1 (every released checkpoint) is supported"
-        )
+    if geometry.num_layers < 1:
+        raise CheckpointError(f"{where}: {family.depth_key} is {geometry.num_layers}; an MTP head has at least one layer")
+    if family.head == "nextn" and geometry.num_layers != 1:  # the engines build one NextN layer, model.layers.{L}
+        raise CheckpointError(f"{where}: {family.depth_key} is {geometry.num_layers}; a NextN head is one layer "
+                              f"(model.layers.{geometry.layer_index}): only 1 (every released checkpoint) is supported")
     quantization = _quantization(config, text_config if layout == "vlm" else {}, path)
 
     routing = geometry.moe
@@ -679,15 +680,19 @@ def load_head_tensors(info: CheckpointInfo, device: str = "cpu", dtype=None, ser
         p = prefix + layer + "mlp.experts."
         first = info.tensors[p + "0.gate_proj.weight"]
         stack_dtype = dtype or (torch.float32 if first.dtype == FP8_DTYPE else reader.raw(first.name).dtype)
-        gate_up = torch.empty(E, 2 * inter, H, dtype=stack_dtype, device=device)
-        down = torch.empty(E, H, inter, dtype=stack_dtype, device=device)
-        for e in range(E):
-            gate_up[e, :inter] = reader.value(f"{p}{e}.gate_proj.weight", stack_dtype)
-            gate_up[e, inter:] = reader.value(f"{p}{e}.up_proj.weight", stack_dtype)
-            down[e] = reader.value(f"{p}{e}.down_proj.weight", stack_dtype)
-        out[layer + "mlp.experts.gate_up_proj"] = gate_up
-        out[layer + "mlp.experts.down_proj"] = down
-        names = [n for n in names if not n.startswith(p)]
+        # Qwen: every MTP layer stores its experts the same way; NextN: the one layer model.layers.{L}.
+        head_layers = [f"layers.{i}." for i in range(g.num_layers)] if g.head == "mtp" else [layer]
+        for lay in head_layers:
+            gate_up = torch.empty(E, 2 * inter, H, dtype=stack_dtype, device=device)
+            down = torch.empty(E, H, inter, dtype=stack_dtype, device=device)
+            p = prefix + lay + "mlp.experts."
+            for e in range(E):
+                gate_up[e, :inter] = reader.value(f"{p}{e}.gate_proj.weight", stack_dtype)
+                gate_up[e, inter:] = reader.value(f"{p}{e}.up_proj.weight", stack_dtype)
+                down[e] = reader.value(f"{p}{e}.down_proj.weight", stack_dtype)
+            out[lay + "mlp.experts.gate_up_proj"] = gate_up
+            out[lay + "mlp.experts.down_proj"] = down
+            names = [n for n in names if not n.startswith(p)]
     for n in sorted(names, key=lambda n: (info.tensors[n].file, n)):
         value = reader.value(n, dtype).to(device=device)
         out[n[len(prefix):]] = w8a8(value, rules[n]) if n in rules else value

@@ -154,7 +154,7 @@ class Replica:
 
     def __init__(self, model_dir: str, opts, device: str, dtype: str | None, fault: Fault | None = None):
         from .checkpoint import read_checkpoint
-        from .pipeline import DTYPES, drafter_roster, load_model, serving_for
+        from .pipeline import DTYPES, drafter_roster, head_variants, load_model, serving_for
         from .routing import RouterRecorder
 
         self.opts, self.fault = opts, fault
@@ -164,6 +164,7 @@ class Replica:
                                  head_engine=opts.head_engine,
                                  serving=serving_for(opts, read_checkpoint(model_dir)))
                       if self.roster.needs_model else None)
+        self.variants = head_variants(opts, self.model.info if self.model is not None else None)  # trees, layer rules
         self.recorder = RouterRecorder(self.model.target, opts.k + 1) if self.model is not None else None
         if self.recorder is not None and not self.recorder.active:
             self.recorder.close()
@@ -188,7 +189,7 @@ class Replica:
         try:
             positions, requests, counts = session_parts(self.model, task.session_id, task.index, task.requests, self.opts,
                                                         self.roster, task.recorded, task.source, task.speculative,
-                                                        self.recorder, None, task.where)
+                                                        self.recorder, None, task.where, self.variants)
         except UserError as e:
             return {"error": str(e)}
         except Exception as e:  # the session failed here; the job decides (--on-error)
@@ -298,21 +299,23 @@ class Cluster:
         from ray.exceptions import ObjectLostError, OwnerDiedError, RayActorError
 
         from . import parts, tables
+        from .checkpoint import read_checkpoint
         from .manifest import COUNT_KEYS, MAX_KEYS
-        from .pipeline import roster_draft_ks, session_sampler
+        from .pipeline import head_variants, roster_draft_ks, session_sampler
         from .rendering import Renderer
         from .sessions import SessionError, Skipped, input_name, read_sessions, speculative_steps
         from .shards import session_key
         from .target import VLLM_DEFAULTS, generation_config_profile
 
         target = roster.needs_model
-        with_drafters = tuple(roster.names) != ("mtp",)
+        variants = head_variants(opts, read_checkpoint(model_dir) if target else None)  # what the replicas replay too
+        with_drafters = tuple(roster.names) != ("mtp",) or bool(variants)
         stateful = roster.stateful
         info_path = model_dir
         renderer = Renderer.from_model_dir(info_path, vocab_size=_vocab(model_dir) if target else None,
                                            overrides=opts.template)
         server_default = (generation_config_profile(model_dir) or VLLM_DEFAULTS) if target else None
-        draft_ks = [kk for n in roster.names for kk in roster_draft_ks(n, opts.k)]
+        draft_ks = [kk for n in roster.names for kk in roster_draft_ks(n, opts.k)] + variants.draft_ks
         finished = parts.finished_sessions(out, opts.k, draft_ks if with_drafters else None, on_damaged=lambda path, why:
                                            observer.note(f"{path}: {why}; recomputing its sessions"))
         counts = dict.fromkeys(COUNT_KEYS + MAX_KEYS, 0)

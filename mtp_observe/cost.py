@@ -7,6 +7,19 @@ report (which imports no torch) computes it.
                   = τ_sim(K) / (1 + K · c_B + v_B(K)),
     c_B = t_draft(B) / t_target(B, 1),   v_B(K) = t_target(B, K+1) / t_target(B, 1) - 1
 
+A tree (SGLang `--speculative-num-steps S --speculative-eagle-topk TOPK --speculative-num-draft-tokens T`, tree.py)
+pays a verify of T tokens with tree attention and S draft steps, the first over one token per sequence (the head's
+row at the last accepted position) and the other S - 1 over the TOPK frontier tokens of each sequence:
+
+    speedup_tree(B) = τ_sim · t_target(B, 1) / (t_target(B, T) + t_draft(B) + (S-1) · t_draft(B, TOPK))
+
+(`tree_denominator`; TOPK = 1, T = S + 1 is the chain's formula at K = S). t_draft(B, w) is a draft step of B
+sequences with w tokens each (`StepTimes.draft_at`): measured by `probe --tree` (probe.json `draft_width`), the
+roofline's draft step of B·w rows (every slot reads its sequence's KV, as SGLang's FlashInfer and Triton draft
+kernels do; FA3's cascade reads the shared prefix once, so this is the upper end), else a probe's draft step
+interpolated at batch B·w. The verify of T tokens is charged as T causal tokens: tree attention reads the same
+weights and KV and attends to fewer keys (a node sees its ancestors only), so the FLOPs term is an upper bound.
+
 `speedup` is that formula (metrics.rates calls it for every slice at the gated batch size);
 `batch_speedup` evaluates it over batch sizes. `StepTimes` holds t_target(B, q) for q = 1..Q and
 t_draft(B) at each batch size, from one of three sources:
@@ -136,6 +149,20 @@ def batch_speedup(tau: np.ndarray, times: "StepTimes") -> np.ndarray:
     return speedup(tau[..., None, :], times.draft_cost()[:, None], times.verify_extra(K))
 
 
+def tree_denominator(times: "StepTimes", steps: int, topk: int, draft_tokens: int) -> np.ndarray:
+    """[NB] (t_target(B, T) + t_draft(B) + (S-1)·t_draft(B, TOPK)) / t_target(B, 1), the tree's step cost in decode
+    steps (module docstring). Worked example, batch 1 with c = 0.1 for one token and 0.12 for TOPK = 4, v(7) = 0.05:
+    S = 3, T = 8 -> 1.05 + 0.1 + 2 · 0.12 = 1.39."""
+    v = times.verify_extra(draft_tokens - 1)[:, draft_tokens - 2] if draft_tokens >= 2 else np.zeros(len(times.batch))
+    wide = times.draft_at(topk)
+    return 1.0 + v + (times.draft + (steps - 1) * wide) / times.target[:, 0]
+
+
+def tree_speedup(tau: np.ndarray, times: "StepTimes", steps: int, topk: int, draft_tokens: int) -> np.ndarray:
+    """tau [...] (a tree's τ_sim, or its replicates) -> [..., NB] its speedup at every batch size of `times`."""
+    return np.asarray(tau, dtype=np.float64)[..., None] / tree_denominator(times, steps, topk, draft_tokens)
+
+
 def best_k(speedups: np.ndarray) -> int:
     """The K (1-based) with the largest speedup, the smallest on ties; 0 (no speculation) when no K beats 1
     (or every value is NaN). speedups: [K]."""
@@ -194,6 +221,7 @@ class StepTimes:
     bound: np.ndarray | None = None  # [NB, Q] "memory" | "compute" (roofline only)
     draft_bound: np.ndarray | None = None  # [NB]
     breakdown: tuple[dict, ...] = ()  # roofline only: per batch size, bytes and FLOPs of the steps
+    draft_width: dict | None = None  # {w: [NB] t_draft(B, w), a draft step over w tokens per sequence} (trees)
 
     def __post_init__(self):
         assert self.target.shape == (len(self.batch), self.target.shape[1]) and self.draft.shape == (len(self.batch),)
@@ -223,6 +251,31 @@ class StepTimes:
                 out[:, K - 1] = measured[:, -1] + (K - top) * slope
         return np.maximum(out, 0.0)
 
+    def draft_at(self, width: int) -> np.ndarray:
+        """[NB] t_draft(B, w): one draft step of B sequences, w tokens each (a tree's frontier): measured or the
+        roofline's (draft_width), else the draft step at batch B·w interpolated over the measured batch sizes
+        (linearly; past the largest, along the last two)."""
+        if width == 1:
+            return self.draft
+        if self.draft_width and width in self.draft_width:
+            return np.asarray(self.draft_width[width], dtype=np.float64)
+        batch = np.asarray(self.batch, dtype=np.float64)
+        want = batch * width
+        if len(batch) == 1:  # one batch size: a step over w tokens costs at least one over 1 (memory-bound)
+            return self.draft.copy()
+        out = np.interp(want, batch, self.draft)
+        past = want > batch[-1]
+        slope = (self.draft[-1] - self.draft[-2]) / (batch[-1] - batch[-2])
+        out[past] = self.draft[-1] + (want[past] - batch[-1]) * slope
+        return np.maximum(out, self.draft)
+
+    def draft_width_source(self, width: int) -> str:
+        """How t_draft(B, w) is known: "measured" (probe), "roofline", "interpolated" (module docstring), or "one
+        token" (a batch-1-only cost: a step over w tokens taken as a step over one, the memory-bound reading)."""
+        if width == 1 or (self.draft_width and width in self.draft_width):
+            return "roofline" if self.source == "roofline" else "measured"
+        return "interpolated" if len(self.batch) > 1 else "one token"
+
     def index(self, b: int) -> int:
         if b not in self.batch:
             raise OptionError(f"--batch {b}: the cost table has batch sizes {', '.join(map(str, self.batch))} "
@@ -239,7 +292,8 @@ class StepTimes:
         pick = (lambda a: None if a is None else a[idx])
         return replace(self, batch=tuple(batch), target=self.target[idx], draft=self.draft[idx],
                        bound=pick(self.bound), draft_bound=pick(self.draft_bound),
-                       breakdown=tuple(self.breakdown[i] for i in idx) if self.breakdown else ())
+                       breakdown=tuple(self.breakdown[i] for i in idx) if self.breakdown else (),
+                       draft_width={w: np.asarray(t)[idx] for w, t in self.draft_width.items()} if self.draft_width else None)
 
 
 def batch1_times(c: float, verify_extra: np.ndarray, source: str, detail: str, notes=()) -> StepTimes:
@@ -421,7 +475,10 @@ def geometry_from_tensors(text_config: dict, tensors: list, tied: bool, precisio
     def params(entries) -> int:
         return sum(e.numel for e in entries if not e.name.endswith("_scale_inv"))
 
-    head = [e for e in tensors if e.name.startswith(head_prefix) and e.name not in skip]
+    # A draft step runs one MTP layer (shared fc and norms, and layer 0 or layer i at step i): a head with several
+    # layers is charged one layer's tensors per step (a NextN head has one layer).
+    head = [e for e in tensors if e.name.startswith(head_prefix) and e.name not in skip
+            and not re.match(r"mtp\.layers\.[1-9]\d*\.", e.name)]
     target = [e for e in tensors if not e.name.startswith(head_prefix) and not e.name.startswith("model.visual.")]
     embedding = [e for e in target if e.name.endswith("embed_tokens.weight")]
     assert len(embedding) == 1, [e.name for e in embedding]
@@ -635,8 +692,9 @@ def draft_step(g: Geometry, batch: int, context: float) -> tuple[float, float]:
 
 
 def roofline_times(g: Geometry, device: Device, batch: tuple[int, ...], q_max: int, context: float,
-                   experts: ExpertCounts | None = None) -> StepTimes:
-    """t_target(B, q), q = 1..q_max, and t_draft(B) on `device`: max(bytes / bandwidth, FLOPs / peak)."""
+                   experts: ExpertCounts | None = None, widths: tuple[int, ...] = ()) -> StepTimes:
+    """t_target(B, q), q = 1..q_max, and t_draft(B) on `device`: max(bytes / bandwidth, FLOPs / peak); with widths,
+    t_draft(B, w) for each (a draft step of B·w rows: the trees' frontier steps)."""
     peak = device.peak(g.fp8)
     NB = len(batch)
     target, bound = np.zeros((NB, q_max)), np.empty((NB, q_max), dtype=object)
@@ -671,8 +729,12 @@ def roofline_times(g: Geometry, device: Device, batch: tuple[int, ...], q_max: i
         notes.append(f"{device.name} has no FP8 tensor cores: the FP8 checkpoint's GEMMs are charged at the BF16 peak")
     detail = (f"roofline on {device.description} ({device.bandwidth / 1e9:,.0f} GB/s, {peak / 1e12:,.1f} {peak_name} "
               f"TFLOP/s dense), weights at {g.precision}, context {context:,.0f} tokens{experts_text}")
+    wide = {}
+    for w in sorted(set(widths) - {1}):
+        wide[w] = np.array([max(x / device.bandwidth, f / peak) for x, f in (draft_step(g, B * w, context) for B in batch)])
     return StepTimes(batch=tuple(batch), target=target, draft=draft, source="roofline", detail=detail, unit="s",
-                     notes=tuple(notes), bound=bound, draft_bound=draft_bound, breakdown=tuple(breakdown))
+                     notes=tuple(notes), bound=bound, draft_bound=draft_bound, breakdown=tuple(breakdown),
+                     draft_width=wide or None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -743,10 +805,16 @@ def step_times_from_probe(probe: dict, where: str) -> StepTimes:
                 flags.append(f"batch {B}: the verify of {K + 1} tokens measured {-v:.1%} faster than a decode of 1 "
                              f"(v = {v:+.3f}); taken as 0 (a verify never costs less than a decode)")
     notes = ["the probe ran on a CPU: CPU figures do not stand for a GPU's"] if probe.get("cpu") else []
+    widths = sorted({int(w["width"]) for r in rows for w in r.get("draft_width") or []})
+    wide = {}
+    for w in widths:  # probe --tree: a draft step over w tokens per sequence, at every batch size
+        values = [next((float(x["median_s"]) for x in r.get("draft_width") or [] if int(x["width"]) == w), None) for r in rows]
+        if all(v is not None for v in values):
+            wide[w] = np.array(values)
     detail = (f"probe {where}: {probe.get('device', '?')} ({probe.get('device_name', '?')}) {probe.get('dtype', '?')}, "
               f"context {probe.get('context', '?')}, batch sizes {', '.join(map(str, batch))}")
     return StepTimes(batch=batch, target=target, draft=draft, source="probe", detail=detail, unit="s",
-                     notes=tuple(notes), flags=tuple(flags))
+                     notes=tuple(notes), flags=tuple(flags), draft_width=wide or None)
 
 
 def parse_batches(text: str, option: str = "--batch-sizes") -> tuple[int, ...]:

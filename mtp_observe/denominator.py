@@ -276,10 +276,18 @@ def run_expert_counts(run) -> ExpertCounts | None:
     return ExpertCounts(windows=windows, hits=hits, sessions=len(sums))
 
 
+def tree_needs(run) -> tuple[int, tuple[int, ...]]:
+    """(the most tokens a verify of the run's trees holds, their frontier widths): what the cost table must cover for
+    the trees of run.json `trees` (version 3; (0, ()) without)."""
+    trees = [t for t in run.manifest.get("trees") or [] if isinstance(t, dict)]
+    return max((int(t["draft_tokens"]) for t in trees), default=0), tuple(sorted({int(t["topk"]) for t in trees} - {1}))
+
+
 def cost_table(run, *, probe: str | Path | None = None, draft_cost: float | None = None,
                device_spec: str | None = None, context: float | None = None,
                batch_sizes: tuple[int, ...] = DEFAULT_BATCHES) -> CostTable:
-    """The step times at each batch size for this run (the rules at the top of this section)."""
+    """The step times at each batch size for this run (the rules at the top of this section); with trees (run.json
+    `trees`), verifies up to their largest T and draft steps over their TOPK tokens per sequence too."""
     if device_spec is not None and (probe is not None or draft_cost is not None):
         raise OptionError("--device-spec sets the roofline's device, but --probe/--draft-cost give a measured or fixed "
                           "cost: pass one of them")
@@ -305,7 +313,8 @@ def cost_table(run, *, probe: str | Path | None = None, draft_cost: float | None
     device = parse_device(device_spec or DEFAULT_DEVICE)
     ctx = run_context(run) if context is None else float(context)
     experts = run_expert_counts(run) if geometry.moe_layers else None
-    times = roofline_times(geometry, device, batch_sizes, run.k + 1, ctx, experts)
+    verify_tokens, widths = tree_needs(run)
+    times = roofline_times(geometry, device, batch_sizes, max(run.k + 1, verify_tokens), ctx, experts, widths)
     notes = list(times.notes)
     if device_spec is None:
         notes.append(f"the roofline is on the default device ({DEFAULT_DEVICE}); --device-spec names yours")

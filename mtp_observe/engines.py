@@ -686,11 +686,38 @@ def speculation_profile(reading: Reading, n: EngineNumbers) -> dict:
     }
 
 
-def export(reading: Reading, engine: str, k: int | None = None) -> str:
+def export_sglang_tree(reading: Reading, spec: str) -> str:
+    """`export --engine sglang --tree S,TOPK,T`: a replayed tree's three flags and its acceptance, as SGLang counts it
+    (accept length = 1 + accepted drafts per verify step). A what-if, said in the header: the verdict is the chain's."""
+    name = "tree:" + ",".join(x.strip() for x in spec.split(","))
+    trees = reading.report.trees
+    tree = next((t for t in trees if t.name == name), None)
+    if tree is None:
+        replayed = ", ".join(t.name.removeprefix("tree:") for t in trees) or "no trees"
+        raise OptionError(f"--tree {spec}: the run replayed {replayed}; replay with --tree {spec} to export it")
+    n = engine_numbers(tree.report, tree.steps)
+    lines = _env_header(reading, n, "sglang") + [
+        f"# what-if: tree {tree.name.removeprefix('tree:')} (SGLang only; the verdict is the chain's at "
+        f"K={reading.report.best_k}); speedup {tree.speedup[0]:.3f} at batch "
+        f"{reading.report.batch.binding if reading.report.batch is not None else 1}",
+        "# serve: python -m sglang.launch_server --model-path MODEL --speculative-algorithm NEXTN " + tree.flags,
+        "# simulate the measured acceptance (environment, sglang/srt/environ.py): one length per batch step, a mean only",
+        f"SGLANG_SIMULATE_ACC_LEN={n.mean_acceptance_length:.{DIGITS}f}",
+        "SGLANG_SIMULATE_ACC_METHOD=match-expected",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def export(reading: Reading, engine: str, k: int | None = None, tree: str | None = None) -> str:
     """The text of `mtp-observe export --engine ENGINE` (JSON for vllm and speculation-profile, KEY=VALUE lines
-    for sglang and trtllm, YAML for aiconfigurator)."""
+    for sglang and trtllm, YAML for aiconfigurator); tree (--tree S,TOPK,T, sglang only): a replayed tree's."""
     if engine not in ENGINES:
         raise OptionError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
+    if tree is not None:
+        if engine != "sglang" or k is not None:
+            raise OptionError(f"--tree {tree}: a tree draft is SGLang's (--speculative-eagle-topk > 1; vLLM serves no MTP "
+                              "trees): use it with --engine sglang and without --k")
+        return export_sglang_tree(reading, tree)
     dynamic = dynamic_config(reading.report)
     if engine == "vllm" and k is None and dynamic is not None:
         k = dynamic["num_speculative_tokens"]  # the schedule's largest K: the synthetic rates' length

@@ -119,7 +119,11 @@ class Inventory:
         return bytes_at(self.target, precision)
 
     def head_step_bytes(self, precision: str = "stored") -> int:
-        return step_bytes(self.head, precision, self.routed_fraction)
+        """One draft step's head bytes: one MTP layer's (a head with several runs one of them per step)."""
+        import re
+
+        one_layer = [e for e in self.head if not re.match(r"mtp\.layers\.[1-9]\d*\.", e.name)]
+        return step_bytes(one_layer, precision, self.routed_fraction)
 
     def target_step_bytes(self, precision: str = "stored") -> int:
         return step_bytes(self.target, precision, self.routed_fraction)

@@ -68,13 +68,15 @@ def _config_if_any(path: Path) -> dict:
 
 
 def identity(info, files, opts, dtype, device: str, ranks, fallback, fallback_name: str, roster,
-             model_dir: Path | None = None, shard_plan=None, serving=None) -> dict:
+             model_dir: Path | None = None, shard_plan=None, serving=None, variants=None) -> dict:
     """What a resumed run must share with the interrupted one for its rows to be the same (tables.py).
     info None: a model-free replay, which depends on the tokenizer and the end-of-turn ids alone. shard_plan
     (shards.ShardPlan): the shard this run replays (run.json `shard`), None for the whole input. serving: the
-    serving.ServingNumerics the target and head were loaded for (run.json `serving`, schema 3)."""
+    serving.ServingNumerics the target and head were loaded for (run.json `serving`, schema 3). variants:
+    head_variants.Variants (run.json `trees` and `layer_rules`)."""
     from . import __version__
     from .checkpoint import describe_rules, linear_rules, reading_for, tokenizer_sha256, weights_fingerprint
+    from .head_variants import Variants
     from .sessions import input_name
     from .target import RECORDED
 
@@ -95,6 +97,7 @@ def identity(info, files, opts, dtype, device: str, ranks, fallback, fallback_na
                                              RECORDED: {**fallback.as_dict(), "per_session": True, "fallback": fallback_name}},
         "recorded_with": opts.recorded_with,
         "drafters": roster.manifest(),
+        **(variants or Variants()).manifest(info.geometry.num_layers if info is not None else 1),
         "target_ran": info is not None,
         "head_reading": reading_for(info, opts.head_engine).as_dict() if info is not None else None,
         "serving": None if serving is None else {
@@ -224,6 +227,17 @@ def start_manifest(out: Path, opts, info, identity: dict, bundled: bool, world: 
     return manifest
 
 
+def row_draft_ks(manifest: dict) -> list[int] | None:
+    """The depth of every block of rows a run writes per anchor (its drafters' draft_k, its trees' steps and the
+    stepwise layer rule's k; parts.py counts rows by them); None for an mtp-only run without variants."""
+    drafters = manifest.get("drafters") or {}
+    extra = [t["steps"] for t in manifest.get("trees") or []] + \
+        [r["k"] for r in manifest.get("layer_rules") or [] if r.get("k")]
+    if not (set(drafters) - {"mtp"}) and not extra:
+        return None
+    return [kk for d in drafters.values() for kk in d.get("draft_k", [])] + extra
+
+
 COUNT_KEYS = ("sessions_ok", "sessions_skipped", "requests", "tokens_replayed", "scored_tokens", "anchors", "rows")
 MAX_KEYS = ("max_request_tokens",)  # counts merged by their maximum, not their sum
 
@@ -240,9 +254,7 @@ def finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> No
     if failures:  # what the parts on disk hold (every rank flushed what it finished before failing)
         from .parts import counts_on_disk
 
-        drafters = manifest.get("drafters") or {}
-        draft_ks = [kk for d in drafters.values() for kk in d.get("draft_k", [])] if set(drafters) - {"mtp"} else None
-        on_disk = counts_on_disk(out, manifest["k"], draft_ks)
+        on_disk = counts_on_disk(out, manifest["k"], row_draft_ks(manifest))
         counts = {**counts, **on_disk, "sessions_skipped": counts["sessions_skipped"]}
     manifest["counts"] = counts
     if results and results[0].get("cluster") is not None:  # a Ray job (cluster.py): its replicas, replaced and retried

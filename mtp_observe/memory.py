@@ -14,7 +14,8 @@ spawns it and reports the command's own `wait4` rusage: the figure is the comman
 most the launcher's few megabytes. (`resource.getrusage(RUSAGE_CHILDREN)` is no alternative: it
 is the maximum over every child reaped so far, not this one's.)
 
-ru_maxrss is in KiB on Linux and in bytes on macOS; `Measured.peak_rss` is bytes on both.
+ru_maxrss is in KiB on Linux and in bytes on macOS; `Measured.peak_rss` is bytes on both. The same rusage gives
+the command's CPU time (user + system, its own and its reaped children's: `Measured.cpu_s`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ _LAUNCHER = (
     "import os, sys\n"
     "pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], os.environ)\n"
     "_, status, usage = os.wait4(pid, 0)\n"
-    "os.write(int(sys.argv[1]), b'%d' % usage.ru_maxrss)\n"
+    "os.write(int(sys.argv[1]), b'%d %.6f' % (usage.ru_maxrss, usage.ru_utime + usage.ru_stime))\n"
     "code = os.waitstatus_to_exitcode(status)\n"
     "sys.exit(code if code >= 0 else 128 - code)\n"
 )
@@ -43,6 +44,7 @@ class Measured:
     stdout: str
     stderr: str
     peak_rss: int  # bytes: the command's resident-set high-water mark (getrusage(2) ru_maxrss)
+    cpu_s: float = 0.0  # seconds of CPU the command used, user + system (getrusage(2) ru_utime + ru_stime)
 
 
 def maxrss_bytes(ru_maxrss: int) -> int:
@@ -79,4 +81,5 @@ def run_measured(argv: list[str], *, input: str | None = None, env: dict | None 
         out, err = stdout.read().decode(errors="replace"), stderr.read().decode(errors="replace")
         if not reported:  # the launcher could not start the command (not found, not executable)
             raise RuntimeError(f"{argv[0]}: could not be started ({err.strip().splitlines()[-1] if err.strip() else proc.returncode})")
-        return Measured(proc.returncode, out, err, maxrss_bytes(int(reported)))
+        rss, cpu = reported.split()
+        return Measured(proc.returncode, out, err, maxrss_bytes(int(rss)), float(cpu))

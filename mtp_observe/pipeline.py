@@ -139,6 +139,7 @@ class ReplayOptions:
     part_sessions: int = 256  # sessions per part file at most (parts.py; 1: a part per session, as before grouping)
     shard: object = None  # shards.Shard (--shard I/N, --shard-by): replay that shard of the input; None: all of it
     ray: object = None  # cluster.RayOptions (--ray, --replicas, --gpus-per-replica); None: replay in this process
+    trees: tuple = ()  # tree.TreeConfig (--tree S,TOPK,T), replayed beside the chain (head_variants.py)
 
 
 class Observer:
@@ -198,7 +199,7 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
 
 def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size: int,
                    carry: Carry | None = None, keep_at: int | None = None, drafters=None,
-                   keep: int | None = None, recorder=None, on_tokens=None) -> tuple[dict, dict, Carry | None]:
+                   keep: int | None = None, recorder=None, on_tokens=None, variants=None) -> tuple[dict, dict, Carry | None]:
     """One request through the target and the head: the columns of its rows, the recording-sampler sums
     of its spans (RequestResult.fit), and what the next request reuses.
 
@@ -215,6 +216,8 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     drafters (a drafters.roster.Roster): every drafter of the roster drafts at the same anchors (fed the
     head's drafts for the hybrids; keep: the prefix the next request shares, a hint for suffix decoding)
     and its rows come out with `drafter`/`draft_k` columns (`drafter_columns`); None: the head's rows only.
+    variants (head_variants.Variants, with drafters): the trees and the stepwise layer rule, their rows after the
+    roster's, reduced by the target in the same call.
     """
     from .acceptance import anchor_plan, request_rows, row_index
     from .target import Turns, prefill, reduce_logits
@@ -242,6 +245,11 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     rows = model.head.row_pass(hidden[P:-1], ids[P + 1 :].to(hidden.device), chunk_size=chunk_size,
                                prefix=carry.rows if carry else None)  # 2
     drafts = model.head.chain(rows, plan.anchors, plan.depths)
+    blocks = []
+    if variants:
+        from .head_variants import variant_blocks
+
+        blocks = variant_blocks(model.head, variants, rows, ids, segments, request.spans, chunk_size)
     following = Carry(kept, model.head.rows_prefix(rows, keep_at - 1)) if kept is not None else None
     del rows
     a, k = index.anchor_index, index.depth
@@ -254,7 +262,8 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
 
     if drafters is not None:
         groups = drafters.draft(ids.numpy(), request.spans, keep=keep, mtp=drafts.tokens.cpu().numpy())
-        columns, reductions = drafter_columns(ids, segments, request.spans, groups, drafts.logprobs.cpu(), reduce)  # 3, 4
+        columns, reductions = drafter_columns(ids, segments, request.spans, groups, drafts.logprobs.cpu(), reduce,
+                                              extra=blocks, first_code=len(groups))  # 3, 4
     else:
         reductions = reduce(index.target_position, drafts.tokens.cpu()[a, k - 1], ids[index.actual_position])  # 3
         columns = request_rows(ids, segments, plan, index, drafts.tokens, drafts.logprobs, reductions, k_max)  # 4
@@ -267,7 +276,7 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
 
 
 def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, head_logprobs: torch.Tensor | None,
-                    reduce=None) -> tuple[dict, object]:
+                    reduce=None, extra=(), first_code: int = 0) -> tuple[dict, object]:
     """positions.parquet columns of every drafter's rows for one request, and the target's Reductions (None
     without a target).
 
@@ -280,6 +289,8 @@ def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, he
          a NO_TOKEN draft gathered at token 0 and masked after: target_logprob NaN, p_accept 0 (nothing
          proposed is nothing accepted) — -1 would silently index the last vocabulary entry
       3. the columns, with `drafter`, `draft_k` and `draft_len` (what vLLM counts as the step's draft tokens)
+    extra: head_variants.Block's (trees, the stepwise layer rule): their entries reduced in the same call after the
+    drafters' rows, their columns coded first_code, first_code + 1, ... (after the roster's drafters).
     """
     import numpy as np
 
@@ -300,10 +311,12 @@ def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, he
             parts.append((code, kk, plan, row_index(plan, kk), tokens, logprobs))
     reductions = None
     if reduce is not None:  # 2
-        drafted = torch.cat([tok[ix.anchor_index, ix.depth - 1] for *_, ix, tok, _ in parts]).long()
-        positions = torch.cat([ix.target_position for *_, ix, _, _ in parts])
-        actuals = ids[torch.cat([ix.actual_position for *_, ix, _, _ in parts])]
-        v1 = torch.cat([torch.full((ix.depth.shape[0],), groups[code].runner == "v1") for code, _, _, ix, _, _ in parts])
+        drafted = torch.cat([tok[ix.anchor_index, ix.depth - 1] for *_, ix, tok, _ in parts]
+                            + [b.tokens for b in extra]).long()
+        positions = torch.cat([ix.target_position for *_, ix, _, _ in parts] + [b.positions for b in extra])
+        actuals = torch.cat([ids[ix.actual_position] for *_, ix, _, _ in parts] + [b.actuals for b in extra])
+        v1 = torch.cat([torch.full((ix.depth.shape[0],), groups[code].runner == "v1") for code, _, _, ix, _, _ in parts]
+                       + [torch.zeros(b.positions.shape[0], dtype=torch.bool) for b in extra])  # the head's variants: V2
         none = drafted < 0
         reductions = reduce(positions, drafted.clamp(min=0), actuals, no_min_p=v1 if bool(v1.any()) else None)
         if bool(none.any()):
@@ -324,6 +337,21 @@ def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, he
                      else np.zeros(R, dtype=bool))
         out.append(cols)
         at += R
+    for code, block in enumerate(extra, start=first_code):
+        E = block.positions.shape[0]
+        cols = block.finish(_rows_of(reductions, at, at + E) if reductions is not None else None)
+        R = len(cols["pos"])
+        cols["drafter"] = np.full(R, code, dtype=np.int8)
+        cols["draft_k"] = np.full(R, block.draft_k, dtype=np.int8)
+        cols["draft_len"] = np.full(R, block.draft_k, dtype=np.int8)  # the head drafts its S (or k) steps every time
+        check_finite(cols, head=cols["draft_token"] >= 0)
+        out.append(cols)
+        at += E
+    if any("tree_node" in c for c in out):  # the trees' column: null on every other row
+        from .tree_acceptance import NOT_A_TREE
+
+        for c in out:
+            c.setdefault("tree_node", np.full(len(c["pos"]), NOT_A_TREE, dtype=np.int8))
     columns = {name: np.concatenate([c[name] for c in out]) for name in out[0]} if out else {}
     return columns, reductions
 
@@ -390,7 +418,7 @@ def check_finite(columns: dict, head=None) -> None:
 
 
 def replay_session(model: LoadedModel | None, requests, k_max: int, profiles, chunk_size: int,
-                   drafters=None, recorder=None, observer: Observer | None = None) -> list[RequestResult]:
+                   drafters=None, recorder=None, observer: Observer | None = None, variants=None) -> list[RequestResult]:
     """Every request of one session, in order, each starting from the prefix it shares with the one before.
     model None: the model-free drafters of `drafters` alone (no weights, no target). recorder
     (routing.RouterRecorder) accumulates the session's router window sums. observer: hears each request start
@@ -412,7 +440,8 @@ def replay_session(model: LoadedModel | None, requests, k_max: int, profiles, ch
             keep_at = len(request.input_ids) - 1  # the next request extends this one: keep all but the last token
         columns, fit, carry = replay_request(model, request, k_max, profiles, chunk_size, carry=carry, keep_at=keep_at,
                                              drafters=drafters, keep=shared, recorder=recorder,
-                                             on_tokens=observer.tokens if observer is not None else None)
+                                             on_tokens=observer.tokens if observer is not None else None,
+                                             variants=variants)
         out.append(RequestResult(request.index, columns, fit))
     return out
 
@@ -537,6 +566,9 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
     if model_free and (opts.profiles or opts.recorded_with):
         raise OptionError(f"--sampling and --recorded-with score the target's sampler, which a replay of model-free "
                           f"drafters only ({', '.join(roster.names)}) does not run; add mtp to --drafters, or drop them")
+    if model_free and opts.trees:
+        raise OptionError(f"--tree grows the MTP head's tree drafts, which a replay of model-free drafters only "
+                          f"({', '.join(roster.names)}) does not run; add mtp to --drafters, or drop --tree")
     opts = ReplayOptions(**{**opts.__dict__, "profiles": tuple(opts.profiles) or
                             (default_profiles(model_dir) if not model_free else ())})
     _check_options(opts)
@@ -584,6 +616,7 @@ def _replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: boo
     if opts.shard is not None:  # the shard's sessions, from the whole input (rank 0 reads it, every rank gets it)
         plan = ranks.from_rank0(_shard_plan(files, opts, info, model_dir) if ranks.rank == 0 else None)
     serving = serving_for(opts, info)
+    variants = head_variants(opts, info)
 
     # 1. Rank 0 locks the directory, checks it (fresh, --resume or --overwrite) against this run's identity.
     failure, manifest, lock = None, None, None
@@ -591,7 +624,7 @@ def _replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: boo
         try:
             lock = tables.RunLock(out).acquire()
             run_identity = identity(info, files, opts, dtype, device, ranks, fallback, fallback_name, roster, model_dir,
-                                    shard_plan=plan, serving=serving)
+                                    shard_plan=plan, serving=serving, variants=variants)
             manifest = start_manifest(out, opts, info, run_identity, bundled, ranks.world, model_dir)
         except BaseException as e:  # nothing was written: let go of the directory (and of a directory we made)
             if lock is not None:
@@ -683,6 +716,21 @@ def roster_draft_ks(name: str, k: int) -> tuple[int, ...]:
     return draft_ks(name, k)
 
 
+def head_variants(opts: ReplayOptions, info: CheckpointInfo | None):
+    """The run's head_variants.Variants: --tree's configurations, and the stepwise layer rule for a head with several
+    MTP layers (none for a model-free replay)."""
+    from .head_variants import Variants, variants_for
+
+    if info is None:
+        return Variants()
+    if opts.trees and info.geometry.head != "mtp":
+        # tree.py grows SGLang's trees from the Qwen heads' post-norm state; a NextN head (MLA or GLM's GQA, its
+        # engine's fed-back state, docs/nextn.md) has no tree replay yet, so it is refused before any work.
+        raise OptionError(f"--tree {opts.trees[0].name.removeprefix('tree:')}: tree drafts are replayed for the Qwen3.5-family "
+                          f"MTP heads only, not {info.model_type}'s NextN head (docs/trees.md); drop --tree")
+    return variants_for(tuple(opts.trees), info.geometry.num_layers, opts.k)
+
+
 def drafter_roster(opts: ReplayOptions):
     """The run's drafters.roster.Roster from --drafters, --ngram and the --suffix-* options."""
     from .drafters.roster import Roster
@@ -729,12 +777,14 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
     from .target import VLLM_DEFAULTS, generation_config_profile
 
     roster = roster or drafter_roster(opts)
-    with_drafters = tuple(roster.names) != ("mtp",)  # an mtp-only run is written as before (no drafter columns)
+    variants = head_variants(opts, model.info if model is not None else None)  # trees, the stepwise layer rule
+    # an mtp-only run without variants is written as before (no drafter columns)
+    with_drafters = tuple(roster.names) != ("mtp",) or bool(variants)
     vocab = model.info.geometry.vocab_size if model is not None else None
     renderer = Renderer.from_model_dir(model.info.path if model is not None else model_dir, vocab_size=vocab,
                                        overrides=opts.template)
     server_default = (generation_config_profile(model.info.path) or VLLM_DEFAULTS) if model is not None else None
-    draft_ks = [kk for n in roster.names for kk in roster_draft_ks(n, opts.k)]
+    draft_ks = [kk for n in roster.names for kk in roster_draft_ks(n, opts.k)] + variants.draft_ks
     finished = parts.finished_sessions(out, opts.k, draft_ks if with_drafters else None, on_damaged=lambda path, why:
                                        observer.note(f"{path}: {why}; recomputing its sessions")) if ranks.rank == 0 else None
     finished = ranks.from_rank0(finished)  # rank 0 checks (and repairs) the parts once, before anyone writes
@@ -793,7 +843,8 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
                 continue
             observer.session_start(item.id, rendered.n_tokens, len(rendered.requests))
             positions, requests, c = session_parts(model, item.id, item.index, rendered.requests, opts, roster, recorded,
-                                                   source, speculative, recorder, observer, f"{item.path}:{item.line}")
+                                                   source, speculative, recorder, observer, f"{item.path}:{item.line}",
+                                                   variants)
             writer.add(item.index, positions, requests)  # written with the sessions before and after it (parts.py)
             fresh_tokens += rendered.n_tokens
         counts["sessions_ok"] += 1
@@ -801,30 +852,36 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
             counts[key] = max(counts[key], value) if key in MAX_KEYS else counts[key] + value
         observer.session(item.id, c["tokens_replayed"], skipped=False)
     return {"counts": counts, "errors": errors, "per_file": per_file, "fresh_tokens": fresh_tokens,
-            "wall_s": time.time() - started, "drafting": roster.timing() if with_drafters else {}}
+            "wall_s": time.time() - started, "drafting": roster.timing() if tuple(roster.names) != ("mtp",) else {}}
 
 
 def session_parts(model: LoadedModel | None, session_id: str, index: int, requests, opts: ReplayOptions, roster,
                   recorded=None, source: str | None = None, speculative=None, recorder=None,
-                  observer: Observer | None = None, where: str = "") -> tuple:
+                  observer: Observer | None = None, where: str = "", variants=None) -> tuple:
     """(positions table, requests table, counts) of one rendered session: what each process of a replay — and each
     replica of a Ray job (cluster.py) — does with a session it owns. index: its input index (requests.parquet
     `session_index`); recorded, source: its `recorded` sampler and where that came from (session_sampler; None
     without a target); speculative: generate --speculative's steps (sessions.speculative_steps); where: its
-    file:line, for the one-line error of a non-finite output."""
+    file:line, for the one-line error of a non-finite output; variants: head_variants.Variants (trees, the stepwise
+    layer rule) replayed beside the chain."""
     from . import tables
+    from .head_variants import Variants
 
-    with_drafters = tuple(roster.names) != ("mtp",)  # an mtp-only run is written as before (no drafter columns)
+    variants = variants if variants is not None else Variants()
+    # an mtp-only run without variants is written as before (no drafter columns)
+    with_drafters = tuple(roster.names) != ("mtp",) or bool(variants)
     names = [p.name for p in opts.profiles] + [RECORDED] if model is not None else []
     profiles = tuple(opts.profiles) + (recorded,) if model is not None else ()
     try:
         per_request = replay_session(model, requests, opts.k, profiles, opts.chunk_size,
-                                     drafters=roster if with_drafters else None, recorder=recorder, observer=observer)
+                                     drafters=roster if with_drafters else None, recorder=recorder, observer=observer,
+                                     variants=variants)
     except NonFiniteOutput as e:
         raise CheckpointError(f"{model.info.path}: {e} in session {session_id} ({where}); "
                               f"{non_finite_advice(model.dtype)}") from None
     positions = tables.positions_table(session_id, [(r.index, r.columns) for r in per_request], names,
-                                       drafters=list(roster.names) if with_drafters else None, target=model is not None)
+                                       drafters=list(roster.names) + variants.names if with_drafters else None,
+                                       target=model is not None)
     table = tables.requests_table(session_id, requests, [r.fit for r in per_request], names,
                                   {"source": source, **recorded.as_dict()} if model is not None else None,
                                   speculative, routing=recorder.take() if recorder is not None else None,

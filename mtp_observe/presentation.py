@@ -153,6 +153,9 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
     tables = [by_k, engine_table(report)] + drafter_tables(report)
     if report.batch is not None:
         tables.append(batch_table(report))
+    from .tree_tables import what_if_tables  # trees and layer rules (a what-if), when the run has them
+
+    tables += what_if_tables(report)
     if rec is not None and rec.checked:
         tables.append(TextTable(
             title=f"recording sampler ({rec.tokens:,} scored tokens): {rec.label}",

@@ -12,6 +12,11 @@ median of `repeats`:
     target decode   one new token for each of B sequences through the target, on a transformers
                     DynamicCache holding B copies of the context, logits for every token
     verify(K)       K+1 new tokens for each of B sequences on the same cache, for K = 1..k
+    with --tree S,TOPK,T (trees, tree.py): the verifies reach T tokens (k >= T - 1; a causal verify of T tokens:
+                    tree attention reads the same weights and KV, and Qwen3.5's linear-attention layers cannot branch),
+                    and `draft_width`: one draft step of B sequences with TOPK frontier tokens each, B·TOPK head rows
+                    each over its own copy of the sequence's head KV (SGLang's FlashInfer / Triton draft kernels read
+                    the prefix once per slot, sglang/kernels/ops/speculative/cache_locs.py:160-310)
 
 The B sequences share the context's cache contents (copied B times: `expand_cache`, built once per B);
 their new tokens differ (random, per sequence), so a MoE target routes them as different tokens. The
@@ -47,7 +52,9 @@ probe.json keys (probe_version 2; version 1 had no batch_sizes and batches, and 
     batch_sizes     [B, ...] every batch size measured, ascending (1 first)
     batches         [{"batch": B, "target_decode": {"median_s", "samples_s"}, "draft_step": {"median_s", "samples_s"},
                       "verify": [{"k", "tokens", "median_s", "samples_s", "extra"}], "draft_cost": c_B,
-                      "flags": [str]}] one per batch size (the sanity checks above)
+                      "flags": [str], "draft_width": [{"width", "median_s", "samples_s"}] (with --tree)}] one per batch
+                    size (the sanity checks above)
+    trees           [name] the --tree configurations the probe measured for (absent without --tree)
     roofline        {"precision", "head_bytes", "lm_head_bytes", "target_bytes", "head_step_bytes",
                     "target_step_bytes", "draft_cost"} at the probe's dtype (inventory.py: bytes a batch-1 draft
                     step reads over bytes a decode step reads; *_step_bytes charge routed experts at top-k / E)
@@ -94,6 +101,7 @@ class BatchTiming:
     draft_step: Timing
     target_decode: Timing
     verify: tuple[Timing, ...]  # [k] verify of K+1 tokens per sequence for K = 1..k
+    draft_width: tuple[tuple[int, Timing], ...] = ()  # (w, one draft step of B sequences with w tokens each) for trees
 
     @property
     def draft_cost(self) -> float:
@@ -132,6 +140,7 @@ class ProbeResult:
     batches: tuple[BatchTiming, ...]  # [batch sizes] ascending, batch 1 first
     roofline: dict  # {"precision", "head_bytes", "lm_head_bytes", "target_bytes", "draft_cost"}
     notes: tuple[str, ...]
+    trees: tuple[str, ...] = ()  # the --tree configurations measured for
 
     def __post_init__(self):
         assert self.batches and self.batches[0].batch == 1, "batch 1 is always measured"
@@ -303,7 +312,9 @@ def probe(
     warmup: int = 3,
     seed: int = 0,
     batch: tuple[int, ...] = (1,),
+    trees: tuple = (),
 ) -> ProbeResult:
+    """trees: tree.TreeConfig's (--tree): verifies up to their T tokens and draft steps over their TOPK tokens."""
     if context < 2:
         raise OptionError(f"--context {context}: expected at least 2 tokens")
     if k < 1:
@@ -313,6 +324,8 @@ def probe(
     if not batch or min(batch) < 1:
         raise OptionError(f"--batch {','.join(map(str, batch))}: expected batch sizes >= 1")
     batch = tuple(sorted(set(batch) | {1}))
+    k = max([k] + [t.draft_tokens - 1 for t in trees])  # a tree's verify of T tokens is the verify at K = T - 1
+    widths = sorted({t.topk for t in trees} - {1})
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     loaded = load_model(model_dir, device=device, dtype=torch_dtype)
@@ -345,7 +358,18 @@ def probe(
         verify = tuple(time_call(lambda c, n=K + 1: batched_target_forward(target, new_ids[:, :n], c), fresh,
                                  repeats=repeats, warmup=warmup, device=device) for K in range(1, k + 1))
         del cache, kv
-        return BatchTiming(batch=B, draft_step=draft, target_decode=decode, verify=verify)
+        # 5. Trees: one draft step of B sequences with w frontier tokens each (B·w rows, each its own KV copy).
+        wide = []
+        for w in widths:
+            kv_w = head_kv(ctx.rows, context - 1, B * w)
+            hidden_w = ctx.hidden[context - 1 :].expand(B * w, -1).contiguous()
+            tokens_w = new_ids[:, :1].repeat_interleave(w, 0)[:, 0]
+            positions_w = torch.full((B * w,), context - 1, device=device)
+            wide.append((w, time_call(lambda _, kv=kv_w, h=hidden_w, t=tokens_w, q=positions_w:
+                                      batched_draft_step(head, kv, h, t, q), lambda: None,
+                                      repeats=repeats, warmup=warmup, device=device)))
+            del kv_w
+        return BatchTiming(batch=B, draft_step=draft, target_decode=decode, verify=verify, draft_width=tuple(wide))
 
     batches = tuple(at(B) for B in batch)
     notes = []
@@ -364,7 +388,7 @@ def probe(
                "numerics": info.numerics(torch_dtype)},
         device=device, device_name=name, dtype=str(torch_dtype).removeprefix("torch."), context=context, k=k,
         repeats=repeats, warmup=warmup, batches=batches,
-        roofline=roofline_at(take_inventory(info), torch_dtype), notes=tuple(notes),
+        roofline=roofline_at(take_inventory(info), torch_dtype), notes=tuple(notes), trees=tuple(t.name for t in trees),
     )
 
 
@@ -402,7 +426,10 @@ def probe_json(result: ProbeResult) -> dict:
         "draft_cost": result.draft_cost,
         "batch_sizes": [b.batch for b in result.batches],
         "batches": [{"batch": b.batch, "target_decode": _timing_json(b.target_decode), "draft_step": _timing_json(b.draft_step),
-                     "verify": _verify_json(b), "draft_cost": b.draft_cost, "flags": b.flags()} for b in result.batches],
+                     "verify": _verify_json(b), "draft_cost": b.draft_cost, "flags": b.flags(),
+                     **({"draft_width": [{"width": w, **_timing_json(t)} for w, t in b.draft_width]} if b.draft_width else {})}
+                    for b in result.batches],
+        **({"trees": list(result.trees)} if result.trees else {}),
         "roofline": result.roofline,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__},

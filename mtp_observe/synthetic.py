@@ -406,6 +406,7 @@ class SyntheticSpec:
     shared_expert_intermediate_size: int = 40
     norm_topk_prob: bool | None = None  # None: as released (absent for Qwen3.5-MoE, true for Qwen3-Next)
     expert_layout: str | None = None  # "fused" | "per_expert"; None: as released (fused for Qwen3.5-MoE, per expert for Qwen3-Next)
+    mtp_layers: int = 1  # the head's MTP layers (mtp_num_hidden_layers; num_nextn_predict_layers for Qwen3-Next), each random
     quantization: str | None = None  # "fp8": block-FP8, 128x128 blocks
     scale_dtype: str = "float32"  # of weight_scale_inv: "float32" | "bfloat16"
     # NextN families (DeepSeek-V3, GLM-4.5); None: as released for the family
@@ -463,7 +464,7 @@ class SyntheticSpec:
             },
             "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "hidden_act": "silu",
             "initializer_range": self.initializer_range, "attention_bias": False, "dtype": self.dtype,
-            "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False,
+            "mtp_num_hidden_layers": self.mtp_layers, "mtp_use_dedicated_embeddings": False,
         }
         moe = {
             "num_experts": self.num_experts, "num_experts_per_tok": self.num_experts_per_tok,
@@ -482,7 +483,7 @@ class SyntheticSpec:
                 "partial_rotary_factor": self.partial_rotary_factor, "rope_scaling": None,
                 "decoder_sparse_step": 1, "mlp_only_layers": [],
                 "norm_topk_prob": True if self.norm_topk_prob is None else self.norm_topk_prob,
-            }
+            } | ({"num_nextn_predict_layers": self.mtp_layers} if self.mtp_layers != 1 else {})
         return dims | self.extra
 
 

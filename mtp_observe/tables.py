@@ -34,7 +34,7 @@ positions.parquet `drafter` and `draft_k` (below). A run without them is an mtp-
 {"mtp"}, `target_ran` absent: true), so older version-2 and version-1 runs read as before.
 
 Version 3 (this round's additions; keys only added, so version-2 and version-1 runs read as before, the report
-noting what they lack):
+noting what they lack: no head reading, no trees, no layer rules):
     head_reading        run.json: which engine's reading of the head the run replayed (`replay --head-reading`,
                         families.HeadReading): {"engine": "vllm" | "sglang", "engine_version", "zero_position_0_embedding",
                         "fed_back_state": "post_norm" | "pre_norm", "nextn_mlp": null | "by_layer_index" | "moe"};
@@ -45,6 +45,23 @@ noting what they lack):
                         ...}; null for a Qwen head (it ships none). The replay runs the target's either way, as both
                         engines do
     model.cost_geometry gains "kv_width" and "attention_width" (cost.Geometry; 0 for GQA: 2 · nkv · d and 2 · d)
+    run.json `trees`        [{"name": "tree:S,TOPK,T" (",ancestors" for the true-ancestor what-if), "steps": S,
+                            "topk": TOPK, "draft_tokens": T, "attention": "slot" | "ancestors"}]: `replay --tree`'s
+                            SGLang configurations (tree.py), part of the run's identity; [] without --tree
+    run.json `layer_rules`  [] for a one-layer head; for a head with several MTP layers [{"rule": "layer0",
+                            "drafter": "mtp", "layers": L, "k": null}, {"rule": "stepwise", "drafter": "mtp:stepwise",
+                            "layers": L, "k": min(Kmax, L)}] (layer_rules.py): the `mtp` rows are layer 0 at every
+                            step, the `mtp:stepwise` rows layer i at step i+1
+    positions.parquet       with trees or layer rules the run has the drafter columns even for mtp alone: each tree's
+                            rows are a block with `drafter` = its name and `draft_k` = S (depths 1..min(S, e - p)), the
+                            stepwise rule's a block with `drafter` = "mtp:stepwise" and `draft_k` = its k; a tree row's
+                            draft_token, match, accepted, draft_logprob and p_accept_<profile> are defined in
+                            tree_acceptance.py (the recorded continuation followed down the tree; p_accept the chance
+                            the sampled rule leaves the on-path node for any of its kept children)
+    tree_node               int8, null on rows that are not a tree's; only in runs with trees: why the recorded path
+                            is where it is at that depth — 2 kept in the final tree, 1 grown but cut by the T-1 budget,
+                            0 not among the expanded node's TOPK children, -1 its parent was never expanded (not in
+                            its level's frontier), -2 the path left the grown tree at an earlier depth
 
 Version 3, continued (the engines' defaults, docs/engine-fidelity.md; the report reads versions 1 and 2 with a note of what
 they lack):
@@ -270,13 +287,15 @@ def requests_schema(profiles: list[str]) -> pa.Schema:
 
 TARGET_COLUMNS = ("target_token", "target_logprob", "actual_logprob")  # (and p_accept_*) absent without a target
 DRAFTER_FIELDS = [("drafter", pa.dictionary(pa.int8(), pa.string())), ("draft_k", pa.int8()), ("draft_len", pa.int8())]
+TREE_NODE = ("tree_node", pa.int8())  # version 3, runs with trees only (module docstring)
+NOT_A_TREE = -128  # tree_node as the replay holds it for a row that is not a tree's; written as null
 
 
-def positions_schema(profiles: list[str], drafters: bool = False, target: bool = True) -> pa.Schema:
+def positions_schema(profiles: list[str], drafters: bool = False, target: bool = True, trees: bool = False) -> pa.Schema:
     """positions.parquet's columns: the fixed ones, then one float32 p_accept_<profile> per sampling profile.
-    drafters: with the `drafter` and `draft_k` columns (a run of other drafters than mtp alone); target False:
-    without the target's columns (a model-free replay ran no target)."""
-    fields = list(_POSITION_FIELDS)
+    drafters: with the `drafter` and `draft_k` columns (a run of other drafters than mtp alone, or with variants);
+    target False: without the target's columns (a model-free replay ran no target); trees: with `tree_node`."""
+    fields = list(_POSITION_FIELDS) + ([TREE_NODE] if trees else [])
     if drafters:
         at = [name for name, _ in fields].index("depth") + 1
         fields = fields[:at] + DRAFTER_FIELDS + fields[at:]
@@ -403,7 +422,8 @@ def positions_table(session_id: str, per_request: list[tuple[int, dict]], profil
     rows are then ordered by (drafter, draft_k, request, pos, depth). target False: no target columns."""
     import numpy as np
 
-    schema = positions_schema(profiles, drafters=drafters is not None, target=target)
+    trees = bool(per_request) and "tree_node" in per_request[0][1]
+    schema = positions_schema(profiles, drafters=drafters is not None, target=target, trees=trees)
     if not per_request:
         return schema.empty_table()
     cols = {name: np.concatenate([c[name] for _, c in per_request]) for name in per_request[0][1]}
@@ -422,6 +442,8 @@ def positions_table(session_id: str, per_request: list[tuple[int, dict]], profil
     if drafters is not None:
         arrays["drafter"] = pa.DictionaryArray.from_arrays(pa.array(cols["drafter"], pa.int8()),
                                                            pa.array(list(drafters), pa.string()))
+    if trees:
+        arrays["tree_node"] = pa.array(cols["tree_node"], pa.int8(), mask=cols["tree_node"] == NOT_A_TREE)
     for field in schema:
         if field.name not in arrays:
             arrays[field.name] = pa.array(cols[field.name], field.type)

@@ -71,9 +71,9 @@ def transformers_rope(geometry, text_config: dict):
     return ROPE_INIT_FUNCTIONS[geometry.rope.rope_type](cfg)
 
 
-def moe_mlp(b, W, moe, r: Reading):
+def moe_mlp(b, W, moe, r: Reading, layer: int = 0):
     """The sparse MoE block, densely: b [n, H] -> [n, H]."""
-    p = "layers.0.mlp."
+    p = f"layers.{layer}.mlp."
     logits = b @ W[p + "gate.weight"].T  # [n, E]
     n, E = logits.shape
     k = moe.experts_per_token
@@ -112,9 +112,11 @@ class ReferenceHead:
         self.r = reading
         self.inv_freq, self.rope_scale = transformers_rope(geometry, text_config or {})
 
-    def layer(self, tok, hid, pos):
-        """Run the head over a whole row sequence (causal in sequence order). tok [n], hid [n,H], pos [n] -> m [n,H]."""
+    def layer(self, tok, hid, pos, index: int = 0):
+        """Run the head over a whole row sequence (causal in sequence order) through MTP layer `index` (fc and the
+        norms are shared by every layer). tok [n], hid [n,H], pos [n] -> m [n,H]."""
         W, g, r = self.W, self.g, self.r
+        L = f"layers.{index}."
         eps = g.rms_norm_eps
         e = self.embed[tok]
         if r.one_norm_over_2h:
@@ -129,32 +131,32 @@ class ReferenceHead:
             x = torch.cat([hn, en] if r.concat_reversed else [en, hn], -1)
         z = x @ W["fc.weight"].T
         n, d, nh, nkv = z.shape[0], g.head_dim, g.num_heads, g.num_kv_heads
-        a = norm(z, W["layers.0.input_layernorm.weight"], eps, r)
-        qg = a @ W["layers.0.self_attn.q_proj.weight"].T  # [n, 2 nh d]
+        a = norm(z, W[L + "input_layernorm.weight"], eps, r)
+        qg = a @ W[L + "self_attn.q_proj.weight"].T  # [n, 2 nh d]
         if r.global_gate_split:
             q, gate = qg[:, : nh * d].reshape(n, nh, d), qg[:, nh * d :]
         else:
             qg = qg.reshape(n, nh, 2 * d)
             q, gate = qg[:, :, :d], qg[:, :, d:].reshape(n, nh * d)
-        k = (a @ W["layers.0.self_attn.k_proj.weight"].T).reshape(n, nkv, d)
-        v = (a @ W["layers.0.self_attn.v_proj.weight"].T).reshape(n, nkv, d)
+        k = (a @ W[L + "self_attn.k_proj.weight"].T).reshape(n, nkv, d)
+        v = (a @ W[L + "self_attn.v_proj.weight"].T).reshape(n, nkv, d)
         heads = []
         for h in range(nh):
             kv = h // (nh // nkv)
             rot = dict(inv_freq=self.inv_freq, scale=self.rope_scale)
-            qh = rope(norm(q[:, h], W["layers.0.self_attn.q_norm.weight"], eps, r), pos, d, g.rotary_dim, g.rope_theta, r, **rot)
-            kh = rope(norm(k[:, kv], W["layers.0.self_attn.k_norm.weight"], eps, r), pos, d, g.rotary_dim, g.rope_theta, r, **rot)
+            qh = rope(norm(q[:, h], W[L + "self_attn.q_norm.weight"], eps, r), pos, d, g.rotary_dim, g.rope_theta, r, **rot)
+            kh = rope(norm(k[:, kv], W[L + "self_attn.k_norm.weight"], eps, r), pos, d, g.rotary_dim, g.rope_theta, r, **rot)
             scores = qh @ kh.T / math.sqrt(d)
             scores = scores.masked_fill(~torch.tril(torch.ones(n, n, dtype=torch.bool)), float("-inf"))
             heads.append(torch.softmax(scores, -1) @ v[:, kv])
         attn = torch.cat(heads, -1)  # [n, nh d]
-        z = z + (attn * torch.sigmoid(gate)) @ W["layers.0.self_attn.o_proj.weight"].T
-        b = norm(z, W["layers.0.post_attention_layernorm.weight"], eps, r)
+        z = z + (attn * torch.sigmoid(gate)) @ W[L + "self_attn.o_proj.weight"].T
+        b = norm(z, W[L + "post_attention_layernorm.weight"], eps, r)
         if g.moe is not None:
-            z = z + moe_mlp(b, W, g.moe, r)
+            z = z + moe_mlp(b, W, g.moe, r, index)
         else:
-            mlp = torch.nn.functional.silu(b @ W["layers.0.mlp.gate_proj.weight"].T) * (b @ W["layers.0.mlp.up_proj.weight"].T)
-            z = z + mlp @ W["layers.0.mlp.down_proj.weight"].T
+            mlp = torch.nn.functional.silu(b @ W[L + "mlp.gate_proj.weight"].T) * (b @ W[L + "mlp.up_proj.weight"].T)
+            z = z + mlp @ W[L + "mlp.down_proj.weight"].T
         return norm(z, W["norm.weight"], eps, r)
 
     def draft(self, hidden, ids, anchor: int, K: int):

@@ -33,3 +33,14 @@ def test_standard_input_reaches_the_command_and_its_stderr_is_captured():
 def test_a_command_that_cannot_start_is_an_error_not_a_zero_peak():
     with pytest.raises(RuntimeError, match="could not be started"):
         run_measured(["/nonexistent/command"])
+
+
+def test_the_cpu_time_is_the_commands_own_and_a_sleep_uses_none():
+    import time
+
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    t0 = time.process_time()
+    working = run_measured([sys.executable, "-c", busy])
+    sleeping = run_measured([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    assert working.cpu_s >= 0.3 > sleeping.cpu_s + 0.1, (working.cpu_s, sleeping.cpu_s)
+    assert time.process_time() - t0 < 0.2  # the parent waited; the CPU was the child's

@@ -351,3 +351,23 @@ def test_replay_records_the_reading_and_a_resume_under_another_is_refused(make_c
              "cannot resume", "head reading differs")
     one_line(run_in_process("replay", sessions, "--model", d, "--head-reading", "trtllm", "--out", tmp_path / "x"),
              "--head-reading trtllm", "vllm, sglang")
+
+
+@pytest.mark.parametrize("spec", [DEEPSEEK, GLM], ids=["deepseek_v3-mla", "glm4_moe-gqa"])
+def test_a_tree_replay_of_a_nextn_head_is_refused_in_one_line_before_any_work_and_probe_times_its_tree(
+        make_checkpoint, tmp_path, spec):
+    from .test_replay import SESSION, write_sessions
+
+    d = make_checkpoint(**spec)
+    sessions = write_sessions(tmp_path / "s.jsonl", [SESSION])
+    run = tmp_path / "run"
+    one_line(run_in_process("replay", sessions, "--model", d, "--k", "2", "--device", "cpu", "--out", run,
+                            "--tree", "2,2,3"),
+             "--tree 2,2,3", "Qwen3.5-family MTP heads only", f"{spec['family']}'s NextN head", "drop --tree")
+    assert not run.exists()
+    # probe --tree times what the tree would pay (a draft step over TOPK tokens, a verify of T): no replay of it
+    code, _, err = run_in_process("probe", d, "--context", "16", "--k", "1", "--repeats", "1", "--device", "cpu",
+                                  "--tree", "2,2,3", "-o", tmp_path / "probe.json")
+    assert code == 0, err
+    probe = json.loads((tmp_path / "probe.json").read_text())
+    assert probe["trees"] == ["tree:2,2,3"] and [w["width"] for w in probe["batches"][0]["draft_width"]] == [2]

@@ -175,8 +175,9 @@ def test_the_files_have_exactly_the_contract_columns_and_types(tiny_checkpoint, 
     assert list(dict.fromkeys(df.session_id)) == ["demo", "two"]  # input order
     manifest = json.loads((run / "run.json").read_text())
     assert manifest["schema_version"] == SCHEMA_VERSION == 3 and manifest["status"] == "complete"
+    assert (manifest["trees"], manifest["layer_rules"]) == ([], [])  # version 3: no --tree, a one-layer head
     for key in ("tool", "created", "finished", "model", "tokenizer_sha256", "k", "dtype", "device", "sampling",
-                "recorded_with", "inputs", "options", "counts", "versions", "errors", "rendering"):
+                "recorded_with", "inputs", "options", "counts", "versions", "errors", "rendering", "trees", "layer_rules"):
         assert key in manifest, key
     assert manifest["model"]["max_position_embeddings"] == 262144 and manifest["model"]["rope_scaling"] is None
     assert manifest["sampling"]["recorded"]["per_session"] is True

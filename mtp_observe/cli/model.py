@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
@@ -111,17 +111,22 @@ def probe(
     repeats: Annotated[int, typer.Option(help="Timed repeats; the median is reported.")] = 20,
     batch: Annotated[str, typer.Option("--batch", help="Batch sizes to time, e.g. 1,2,4,8 (batch 1 is always timed).")] = "1",
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write probe.json.")] = Path("probe.json"),
+    tree: Annotated[Optional[list[str]], typer.Option("--tree", metavar="S,TOPK,T", help="Also time what this SGLang tree pays (repeatable): a verify of T tokens and a draft step over TOPK tokens per sequence.")] = None,
 ) -> None:
     """Measured cost of one draft step, one target decode step and one verify of K+1 tokens, per batch size."""
     from ..cost import parse_batches
     from ..hub import resolve_model
     from ..probe import CPU_NOTE, probe as measure, probe_json
     from ..tables import write_json_atomic
+    from ..tree import parse_tree
 
     sizes = parse_batches(batch, "--batch")
+    trees = tuple(parse_tree(spec) for spec in tree or [])
     model_dir = resolve_model(model, "MODEL")
     check_writable(output, "--output", kept=[model_dir])
-    result = measure(model_dir, context=context, k=k, device=device, dtype=dtype, repeats=repeats, batch=sizes)
+    result = measure(model_dir, context=context, k=k, device=device, dtype=dtype, repeats=repeats, batch=sizes,
+                     trees=trees)
+    k = result.k
     data = probe_json(result)
     write_json_atomic(output, data, hint="free space or choose another --output")
     ms = 1e3
@@ -136,6 +141,9 @@ def probe(
               f"{roof['draft_cost']:.4f} ({human_bytes(roof['head_bytes'] + roof['lm_head_bytes'])} read)")
     for K, (timing, extra) in enumerate(zip(result.verify, result.verify_extra()), start=1):
         t.add_row(f"verify K={K} ({K + 1} tokens)", f"{timing.median_s * ms:.3f} ms", f"{1 + extra:.4f}  (v = {extra:+.4f})", "")
+    for w, timing in result.batches[0].draft_width:
+        t.add_row(f"draft step over {w} tokens (trees)", f"{timing.median_s * ms:.3f} ms",
+                  f"{timing.median_s / result.target_decode.median_s:.4f}", "")
     out.print(t)
     if len(result.batches) > 1:
         by_batch = Table(title=literal(f"by batch size (B sequences, context {context} each): milliseconds per step, "

@@ -119,6 +119,8 @@ def export(
     draft_cost: Annotated[Optional[float], typer.Option(help="c = draft step / target decode step (default: roofline).")] = None,
     replicates: Annotated[int, typer.Option(help="Bootstrap resamples of sessions (the intervals written beside the values).")] = 1000,
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+    tree: Annotated[Optional[str], typer.Option("--tree", metavar="S,TOPK,T", help="With --engine sglang: a tree the run "
+                                                "replayed (replay --tree), its three flags and acceptance (a what-if).")] = None,
 ) -> None:
     """The run's acceptance as an engine's or planner's input: vLLM's speculative config (synthetic acceptance),
     SGLang's and TensorRT-LLM's simulated acceptance, Model-Optimizer's speculation_profile.json, AIConfigurator's
@@ -129,9 +131,12 @@ def export(
     if engine not in ENGINES:
         raise OptionError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
     check_writable(output, "--output", inputs=[probe])
+    if tree is not None and (engine != "sglang" or k is not None):
+        raise OptionError(f"--tree {tree}: a tree draft is SGLang's (--speculative-eagle-topk > 1; vLLM serves no MTP "
+                          "trees): use it with --engine sglang and without --k")
     reading = read_and_summarize(run, drafter=drafter, probe=probe, draft_cost=draft_cost, replicates=replicates,
                                  seed=seed)
-    if drafter is None and len(reading.report.ranking) > 1:
+    if drafter is None and tree is None and len(reading.report.ranking) > 1:
         # Several drafters on the same anchors: export the ranking's winner (each at its own best K, its own cost),
         # skipping those the engine cannot run (vLLM serves mtp, ngram and suffix, not the hybrids).
         servable = [r.drafter for r in reading.report.ranking if engine != "vllm" or r.drafter in VLLM_DRAFTERS]
@@ -143,7 +148,7 @@ def export(
         said = "the best drafter of the run's ranking" if best == winner else \
             f"the best drafter of the run's ranking that {engine} runs ({winner} ranks first)"
         say(err, f"exporting {best}: {said}; --drafter NAME exports another")
-    text = render(reading, engine, k)
+    text = render(reading, engine, k, tree)
     if output is None:
         sys.stdout.write(text)
     else:

@@ -70,6 +70,20 @@ def _parse_ngram(text: Optional[str], runner: str = "v2"):
     return ngram_config(lo, hi, runner=runner)
 
 
+def _parse_trees(specs: list[str]) -> tuple:
+    """--tree S,TOPK,T (repeatable) -> tree.TreeConfig's in the order given; a configuration named twice is refused."""
+    from ..tree import MAX_TREES, parse_tree
+
+    trees = tuple(parse_tree(spec) for spec in specs)
+    names = [t.name for t in trees]
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise OptionError(f"--tree {twice.removeprefix('tree:')}: named twice; give each configuration once")
+    if len(trees) > MAX_TREES:
+        raise OptionError(f"--tree: {len(trees)} configurations; at most {MAX_TREES} in one replay")
+    return trees
+
+
 def _with_defaults(extra, model_dir: Path) -> tuple:
     """The default profiles, each replaced by an --sampling profile of the same name, then the new ones."""
     from ..pipeline import default_profiles
@@ -107,6 +121,7 @@ def replay(
     suffix_min_token_prob: Annotated[float, typer.Option("--suffix-min-token-prob", help="vLLM's suffix_decoding_min_token_prob.")] = 0.1,
     serve_device: Annotated[ServeDevice, typer.Option("--serve-device", help="The GPU whose vLLM numerics the run describes (its block-FP8 kernels and top-k tie rule; the report's --device-spec names; cpu: vLLM without Triton).")] = "h100",
     fp8_activations: Annotated[Optional[Fp8Activations], typer.Option("--fp8-activations", help="Block-FP8 checkpoints: dynamic (W8A8: activations quantised per token per group, as vLLM's FP8 kernels do) or none (weight-only); default: what vLLM runs on --serve-device (dynamic on h100, h200, b200; none on a100, l40s).")] = None,
+    tree: Annotated[Optional[list[str]], typer.Option("--tree", metavar="S,TOPK,T", help="Also grow and verify SGLang tree drafts at every anchor: S = --speculative-num-steps, TOPK = --speculative-eagle-topk, T = --speculative-num-draft-tokens (repeatable; S,TOPK,T,ancestors: the true-ancestor attention what-if). A what-if beside the chain: docs/trees.md.")] = None,
     part_sessions: Annotated[int, typer.Option("--part-sessions", metavar="N", help="Write the run's Parquet parts N sessions at a time at most (fewer when a part reaches 2M rows or a minute's work); 1: one part per session.")] = 256,
     progress_every: Annotated[float, typer.Option("--progress-every", metavar="SECONDS", help="Without a terminal (a CI log): print the progress line to stderr every SECONDS (0: never).")] = 30.0,
     shard: Annotated[Optional[str], typer.Option("--shard", metavar="I/N", help="Replay shard I of N (0-based; e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT): the sessions whose id hashes to I, whatever the file layout; join the shards with mtp-observe merge (docs/scale.md).")] = None,
@@ -129,6 +144,7 @@ def replay(
     shard_spec = shard_options(shard, shard_by)
     ray_options = _ray_options(ray, replicas, gpus_per_replica)
     ngram_config = _parse_ngram(ngram, ngram_runner)
+    trees = _parse_trees(tree or [])
     suffix_config = SuffixConfig(max_tree_depth=suffix_max_tree_depth, max_cached_requests=suffix_max_cached_requests,
                                  max_spec_factor=suffix_max_spec_factor, max_spec_offset=suffix_max_spec_offset,
                                  min_token_prob=suffix_min_token_prob)
@@ -150,7 +166,8 @@ def replay(
                          on_error=on_error, max_sessions=max_sessions, resume=resume, overwrite=overwrite,
                          device_map=device_map, template=overrides, drafters=names, ngram=ngram_config,
                          suffix=suffix_config, part_sessions=part_sessions, head_engine=head_reading, shard=shard_spec,
-                         ray=ray_options, serve_device=serve_device, fp8_activations=fp8_activations)
+                         ray=ray_options, serve_device=serve_device, fp8_activations=fp8_activations,
+                         trees=trees)
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
     try:
         # A live line on a terminal, cleared when it stops (a failure leaves its error line alone); a plain
@@ -219,6 +236,7 @@ def _print_replay_summary(run_dir: Path) -> None:
            "target's own traffic (mtp-observe report lists the statistics)" if rec.name is None else
            f"recording sampler: {rec.label} does not fit these sessions (mtp-observe report lists the statistics)")
     say(out, f"on-policy rate {float(v.on_policy):.3f}; {fit}")
+    _say_what_ifs(run_dir, m)
     _kernel_note(m)
     say(out, f"run directory: {run_dir}   next: mtp-observe report {run_dir}")
 
@@ -230,6 +248,24 @@ def _kernel_note(manifest: dict) -> None:
     note = fallback_note(str(manifest.get("device", "")))
     if note is not None:
         say(out, f"note: {note}")
+
+
+def _say_what_ifs(run_dir: Path, manifest: dict) -> None:
+    """One line per tree and layer rule of the run (docs/trees.md): τ_sim at its depth; `report` has the rest."""
+    from ..report import load_run, model_free_cost, run_layer_rules, run_trees, summarize
+
+    parts = []
+    for t in run_trees(manifest):
+        run = load_run(run_dir, variant=(t["name"], int(t["steps"])))
+        v = summarize(run, model_free_cost(run), replicates=1, seed=0).overall.value  # τ_sim does not depend on the cost
+        parts.append(f"{t['name']} τ_sim {float(v.tau_sim[int(t['steps']) - 1]):.3f}")
+    for r in run_layer_rules(manifest):
+        if r.get("k"):
+            run = load_run(run_dir, variant=(r["drafter"], int(r["k"])))
+            v = summarize(run, model_free_cost(run), replicates=1, seed=0).overall.value
+            parts.append(f"{r['drafter']} (layer i at step i) τ_sim({r['k']}) {float(v.tau_sim[int(r['k']) - 1]):.3f}")
+    if parts:
+        say(out, "what-ifs (mtp-observe report has their speedup): " + "; ".join(parts))
 
 
 def _print_drafters_summary(run_dir: Path) -> None:
@@ -258,4 +294,5 @@ def _print_drafters_summary(run_dir: Path) -> None:
         say(out, "model-free replay: no target ran (no p_accept, no on-policy rate, no recording-sampler check)")
     else:
         _kernel_note(m)
+    _say_what_ifs(run_dir, m)
     say(out, f"run directory: {run_dir}   next: mtp-observe report {run_dir}")

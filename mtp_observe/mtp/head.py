@@ -29,6 +29,12 @@ Drafting at anchor p (the target has just emitted x_p, so it holds h_{p-1}):
 The state fed back is the post-norm m, or for a reading that says so (vLLM 0.33's GLM-4.5) the pre-norm y;
 the logits are always lm_head(m). Where the engines differ the head follows a `families.HeadReading`.
 
+Hooks for the what-ifs that run the head in other shapes (tree.py's trees, layer_rules.py's layer i at step i; both
+for the Qwen heads only, pipeline.head_variants refuses --tree for a NextN head): `draft_inputs` (one row's fc input,
+query, gate, key and value, through any layer), `attend_own` (queries that each see a prefix of the row pass's KV
+and their own list of earlier keys) and `topk_chunked` (the top k of the temperature-1 softmax, vocabulary chunked).
+`chain` is built from the first two.
+
 Readings taken from the serving engines' code rather than from tensor shapes (vLLM
 `qwen3_5_mtp.py` / `qwen3_next_mtp.py` / `v1/spec_decode/eagle.py`, SGLang
 `qwen3_5_mtp.py` / `eagle_worker.py`; NextN: docs/nextn.md, vLLM 0.33 `deepseek_mtp.py` /
@@ -43,8 +49,14 @@ Readings taken from the serving engines' code rather than from tensor shapes (vL
   - the head runs over every position the target processes (prompt included) with its own
     KV cache;
   - a chain step feeds back the head's state (post-norm m, or y per the reading), re-normed by the hidden
-    norm, at a position advanced by one per step (llm_base_proposer.py:699-706, 775-800), always with
-    the one layer (vLLM never passes spec_step_idx, llm_base_proposer.py:731-737; SGLang has one layer);
+    norm, at a position advanced by one per step (llm_base_proposer.py:699-706, 775-800), through MTP layer 0
+    at every step: vLLM never passes spec_step_idx (llm_base_proposer.py:731-737), and `Qwen3_5MTP.forward`
+    drops it, so `spec_step_idx % num_mtp_layers` is 0 (vllm/model_executor/models/qwen3_5_mtp.py:281-293);
+    SGLang's NEXTN builds one layer (sglang/srt/models/qwen3_5_mtp.py:135-137). A Qwen head with several layers
+    (mtp_num_hidden_layers > 1) shares fc, the pre-fc norms and the final norm, as vLLM's
+    Qwen3_5MultiTokenPredictor does (one fc, one norm, `layers[idx]`); layer_rules.py runs the other rule,
+    layer i at step i, as the layers were trained and as transformers' MtpModel runs them. A NextN head is one
+    layer (checkpoint.py refuses num_nextn_predict_layers != 1);
   - NextN, vLLM only: the embedding of the row at position 0 is zeroed before its norm
     (deepseek_mtp.py:122-123, glm4_moe_mtp.py:115-116);
   - the logits use the target's lm_head and embedding, also where the NextN layer ships copies
@@ -110,11 +122,35 @@ class Drafts:
 # The head
 
 
+class DecoderWeights(nn.Module):
+    """One decoder layer's own tensors (its norms, the family's attention, its MLP), under `prefix`: a Qwen head's
+    `layers.{i}.`, a NextN head's "" (the layer's tensors sit beside enorm / hnorm / eh_proj)."""
+
+    def __init__(self, g: HeadGeometry, tensors: dict[str, Tensor], prefix: str):
+        super().__init__()
+        self.input_layernorm = nn.Parameter(tensors[prefix + "input_layernorm.weight"], requires_grad=False)
+        self.post_attention_layernorm = nn.Parameter(tensors[prefix + "post_attention_layernorm.weight"], requires_grad=False)
+        self.attention = build_attention(g, tensors, prefix + "self_attn.")
+        self.mlp = build_mlp(g, tensors, prefix + "mlp.")
+
+    def named_weights(self, prefix: str) -> dict[str, Tensor]:
+        own = {prefix + "input_layernorm.weight": self.input_layernorm,
+               prefix + "post_attention_layernorm.weight": self.post_attention_layernorm}
+        return own | self.attention.named_weights(prefix + "self_attn.") | self.mlp.named_weights(prefix + "mlp.")
+
+
+def layer_prefixes(g: HeadGeometry) -> list[str]:
+    """The decoder layers' prefixes under the head's: Qwen `layers.0.`, `layers.1.`, ...; NextN the one layer ""."""
+    return [f"layers.{i}." for i in range(g.num_layers)] if g.head == "mtp" else [head_names(g).layer]
+
+
 class MtpHead(nn.Module):
     """Holds the head's tensors and the borrowed embedding / lm_head; `row_pass` and `chain` run it.
 
     Attribute names are the roles (families.HeadNames): pre_fc_norm_embedding / pre_fc_norm_hidden / fc / norm hold
-    a NextN head's enorm / hnorm / eh_proj / shared_head.norm."""
+    a NextN head's enorm / hnorm / eh_proj / shared_head.norm. `layers[i]` is MTP layer i (one in every released
+    checkpoint; a NextN head has exactly one); fc, the pre-fc norms and the final norm are shared by every layer.
+    Layer 0's `input_layernorm`, `post_attention_layernorm`, `attention` and `mlp` are also reachable on the head."""
 
     def __init__(self, geometry: HeadGeometry, tensors: dict[str, Tensor], embed_tokens: Tensor, lm_head: Tensor,
                  reading: HeadReading | None = None):
@@ -138,11 +174,8 @@ class MtpHead(nn.Module):
         self.pre_fc_norm_hidden = p(names.hidden_norm)
         self.fc = p(names.fc)  # [H, 2H]
         self.norm = p(names.final_norm)
-        L = names.layer
-        self.input_layernorm = p(L + "input_layernorm.weight")
-        self.post_attention_layernorm = p(L + "post_attention_layernorm.weight")
-        self.attention = build_attention(g, tensors, L + "self_attn.")
-        self.mlp = build_mlp(g, tensors, L + "mlp.")
+        self.layer_prefixes = layer_prefixes(g)
+        self.layers = nn.ModuleList(DecoderWeights(g, tensors, L) for L in self.layer_prefixes)
         self._norm_fn = NORMS[g.norm]
         # Borrowed from the target, not copied: a draft step reads the whole lm_head.
         self.embed_tokens = embed_tokens
@@ -150,15 +183,22 @@ class MtpHead(nn.Module):
         inv_freq, self.attention_factor = rotary_frequencies(g, self.fc.device)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
+    # Layer 0's tensors under the names the head had before it held several layers.
+    input_layernorm = property(lambda self: self.layers[0].input_layernorm)
+    post_attention_layernorm = property(lambda self: self.layers[0].post_attention_layernorm)
+    attention = property(lambda self: self.layers[0].attention)
+    mlp = property(lambda self: self.layers[0].mlp)
+
     def named_weights(self) -> dict[str, Tensor]:
         """The head's own tensors by checkpoint name without the head's prefix (routed experts in the fused form)."""
-        names, L = self.names, self.names.layer
+        names = self.names
         own = {
             names.embedding_norm: self.pre_fc_norm_embedding, names.hidden_norm: self.pre_fc_norm_hidden,
             names.fc: self.fc, names.final_norm: self.norm,
-            L + "input_layernorm.weight": self.input_layernorm, L + "post_attention_layernorm.weight": self.post_attention_layernorm,
         }
-        return own | self.attention.named_weights(L + "self_attn.") | self.mlp.named_weights(L + "mlp.")
+        for L, layer in zip(self.layer_prefixes, self.layers):
+            own |= layer.named_weights(L)
+        return own
 
     @property
     def dtype(self) -> torch.dtype:
@@ -183,21 +223,65 @@ class MtpHead(nn.Module):
         hidden = self._norm(hidden.to(self.dtype), self.pre_fc_norm_hidden)
         return F.linear(torch.cat([embedding, hidden], dim=-1), self.fc)  # embedding first
 
-    def attention_inputs(self, z: Tensor, positions: Tensor) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
+    def attention_inputs(self, z: Tensor, positions: Tensor, layer: int = 0) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
         """z: [n, H] residual stream, positions: [n] -> query [nh, n, dk], gate [n, nh d] or None,
-        key [nkv, n, dk], value [nkv, n, dv] (query/key normed and rotated as the family's attention does)."""
+        key [nkv, n, dk], value [nkv, n, dv] (query/key normed and rotated as the family's attention does), through
+        decoder layer `layer`."""
+        w = self.layers[layer]
         cos, sin = rotary_cos_sin(positions, self.inv_freq, self.dtype, self.attention_factor)
-        return self.attention.project(self._norm(z, self.input_layernorm), cos, sin)
+        return w.attention.project(self._norm(z, w.input_layernorm), cos, sin)
 
-    def finish_row_states(self, z: Tensor, attn: Tensor, gate: Tensor | None) -> tuple[Tensor, Tensor]:
+    def finish_row_states(self, z: Tensor, attn: Tensor, gate: Tensor | None, layer: int = 0) -> tuple[Tensor, Tensor]:
         """z: [n, H] residual, attn: [nh, n, dv], gate: [n, nh d] or None -> (m [n, H] post-norm, y [n, H] pre-norm)."""
-        y = z + self.attention.output(attn, gate)
-        y = y + self.mlp(self._norm(y, self.post_attention_layernorm))
+        w = self.layers[layer]
+        y = z + w.attention.output(attn, gate)
+        y = y + w.mlp(self._norm(y, w.post_attention_layernorm))
         return self._norm(y, self.norm), y
 
-    def finish_row(self, z: Tensor, attn: Tensor, gate: Tensor | None) -> Tensor:
+    def finish_row(self, z: Tensor, attn: Tensor, gate: Tensor | None, layer: int = 0) -> Tensor:
         """-> m: [n, H] (post-norm): the state the logits read."""
-        return self.finish_row_states(z, attn, gate)[0]
+        return self.finish_row_states(z, attn, gate, layer)[0]
+
+    def draft_inputs(self, hidden: Tensor, tokens: Tensor, positions: Tensor, layer: int = 0):
+        """One draft row through `layer` up to its attention: hidden [Q, H] (h or the fed-back state), tokens [Q],
+        positions [Q] -> (z [Q, H], query [nh, Q, dk], gate [Q, nh d] or None, key [nkv, Q, dk], value [nkv, Q, dv])."""
+        z = self.fc_input(hidden, tokens, positions)
+        return (z, *self.attention_inputs(z, positions, layer))
+
+    def attend_own(self, rows: RowPass, prefix: Tensor, query: Tensor, own_keys: Tensor, own_values: Tensor,
+                   own_valid: Tensor | None = None, budget: int = ATTENTION_BUDGET) -> Tensor:
+        """Attention of Q draft queries, each over rows 0..prefix[q]-1 of `rows` (the row pass's KV of the layer the
+        queries run through) and over its own list of keys, batched in blocks of queries.
+
+        query [nh, Q, dk]; prefix [Q] (0 allowed); own_keys [nkv, Q, n, dk] / own_values [nkv, Q, n, dv]: query q's
+        own n keys (the chain's earlier steps and itself; a tree slot's history; a layer's rows of one anchor);
+        own_valid [Q, n] bool (None: all) -> [nh, Q, dv]. One block-structured boolean mask over
+        [prefix keys | own keys of the block]."""
+        at = self.attention
+        device = self.device
+        Q, n = own_keys.shape[1], own_keys.shape[2]
+        attn = query.new_empty(query.shape[0], Q, at.value_dim)
+        if Q == 0:
+            return attn
+        prefix = prefix.to(device=device, dtype=torch.long).clamp(min=0)
+        block = self._anchor_block(int(prefix.max()), n, budget)
+        for b0 in range(0, Q, block):
+            b1 = min(Q, b0 + block)
+            p = prefix[b0:b1]  # [B]
+            top = int(p.max())  # rows 0..max(p)-1 of the row pass
+            B = b1 - b0
+            # keys: [prefix rows | own keys of these B queries, n each, query-major]
+            ck = own_keys[:, b0:b1].reshape(at.kv_heads, B * n, at.key_dim)
+            cv = own_values[:, b0:b1].reshape(at.kv_heads, B * n, at.value_dim)
+            k_all = torch.cat([rows.keys[:, :top], ck], dim=1)
+            v_all = torch.cat([rows.values[:, :top], cv], dim=1)
+            mask_prefix = torch.arange(top, device=device)[None, :] < p[:, None]  # row j < p
+            owner = torch.arange(B, device=device).repeat_interleave(n)  # [B * n]
+            mask_own = owner[None, :] == torch.arange(B, device=device)[:, None]
+            if own_valid is not None:
+                mask_own = mask_own & own_valid[b0:b1].to(device).reshape(-1)[None, :]
+            attn[:, b0:b1] = self._attend(query[:, b0:b1], k_all, v_all, torch.cat([mask_prefix, mask_own], dim=1))
+        return attn
 
     def _row_mask(self, q_positions: Tensor, k_positions: Tensor):
         """The row pass's causal mask. On CUDA a lower-right CausalBias (the same mask when the chunk's
@@ -232,12 +316,17 @@ class MtpHead(nn.Module):
         return self.reading.fed_back == "pre_norm"
 
     @torch.no_grad()
-    def row_pass(self, hidden: Tensor, next_ids: Tensor, chunk_size: int = 2048, prefix: RowPass | None = None) -> RowPass:
+    def row_pass(self, hidden: Tensor, next_ids: Tensor, chunk_size: int = 2048, prefix: RowPass | None = None,
+                 layer: int = 0) -> RowPass:
         """Run every row i = (h_i, x_{i+1}) at position i, filling the head's KV cache chunk by chunk.
 
         hidden: [m, H] target post-final-norm states, next_ids: [m] the tokens after them. Without
         `prefix` these are rows 0..m-1; with it (rows 0..P-1 of the same request, computed before)
         they are rows P..P+m-1, attending to the prefix's KV, and the result holds all P+m rows.
+
+        layer i > 0 (layer_rules.py, a Qwen head with several layers): the rows of MTP layer i, row j = (layer i-1's
+        state at row j, x_{j+i+1}) at position j + i (transformers' MtpModel shifts each layer's positions by one,
+        MtpCache.get_query_offset); the caller passes those states and tokens.
         """
         g, a = self.geometry, self.attention
         m = hidden.shape[0]
@@ -253,15 +342,15 @@ class MtpHead(nn.Module):
             keys[:, :P], values[:, :P], states[:P] = prefix.keys, prefix.values, prefix.states
             if fed_back is not None:
                 fed_back[:P] = prefix.fed_back
-        all_positions = torch.arange(n, device=device)
+        all_positions = torch.arange(n, device=device) + layer
         for c0 in range(P, n, chunk_size):
             c1 = min(n, c0 + chunk_size)
             positions = all_positions[c0:c1]
             z = self.fc_input(hidden[c0 - P : c1 - P].to(device), next_ids[c0 - P : c1 - P].to(device), positions)
-            query, gate, key, value = self.attention_inputs(z, positions)
+            query, gate, key, value = self.attention_inputs(z, positions, layer)
             keys[:, c0:c1], values[:, c0:c1] = key, value
             attn = self._attend(query, keys[:, :c1], values[:, :c1], self._row_mask(positions, all_positions[:c1]))
-            states[c0:c1], y = self.finish_row_states(z, attn, gate)
+            states[c0:c1], y = self.finish_row_states(z, attn, gate, layer)
             if fed_back is not None:
                 fed_back[c0:c1] = y
         return RowPass(states=states, keys=keys, values=values, fed_back=fed_back)
@@ -313,34 +402,15 @@ class MtpHead(nn.Module):
         chain_keys = torch.empty(at.kv_heads, A, max(K - 1, 1), at.key_dim, dtype=self.dtype, device=device)
         chain_values = torch.empty(at.kv_heads, A, max(K - 1, 1), at.value_dim, dtype=self.dtype, device=device)
 
-        # Steps 2..K over the anchors still drafting.
+        # Steps 2..K over the anchors still drafting: each query sees rows 0..p-1 and its own chain rows.
         for step in range(2, K + 1):
             alive = torch.nonzero(depths >= step).squeeze(1)  # [A_s] indices into anchors
             a_pos = anchors[alive]
-            positions = a_pos + step - 2
-            z = self.fc_input(state[alive], tokens[alive, step - 2], positions)
-            query, gate, key, value = self.attention_inputs(z, positions)  # query [nh, A_s, dk]
+            z, query, gate, key, value = self.draft_inputs(state[alive], tokens[alive, step - 2], a_pos + step - 2)
             chain_keys[:, alive, step - 2] = key
             chain_values[:, alive, step - 2] = value
-            attn = query.new_empty(query.shape[0], query.shape[1], at.value_dim)
-            n_chain = step - 1
-            block = self._anchor_block(int(a_pos.max()), n_chain, attention_budget)
-            for b0 in range(0, alive.shape[0], block):
-                b1 = min(alive.shape[0], b0 + block)
-                idx = alive[b0:b1]
-                p = anchors[idx]  # [B]
-                prefix = int(p.max())  # true rows 0..max(p)-1
-                B = b1 - b0
-                # keys: [prefix rows | chain rows of these B anchors, n_chain each, anchor-major]
-                ck = chain_keys[:, idx, :n_chain].reshape(at.kv_heads, B * n_chain, at.key_dim)
-                cv = chain_values[:, idx, :n_chain].reshape(at.kv_heads, B * n_chain, at.value_dim)
-                k_all = torch.cat([rows.keys[:, :prefix], ck], dim=1)
-                v_all = torch.cat([rows.values[:, :prefix], cv], dim=1)
-                mask_prefix = torch.arange(prefix, device=device)[None, :] < p[:, None]  # row j < p
-                owner = torch.arange(B, device=device).repeat_interleave(n_chain)  # [B * n_chain]
-                mask_chain = owner[None, :] == torch.arange(B, device=device)[:, None]
-                mask = torch.cat([mask_prefix, mask_chain], dim=1)
-                attn[:, b0:b1] = self._attend(query[:, b0:b1], k_all, v_all, mask)
+            attn = self.attend_own(rows, a_pos, query, chain_keys[:, alive, : step - 1], chain_values[:, alive, : step - 1],
+                                   budget=attention_budget)
             new_m, new_y = self.finish_row_states(z, attn, gate)
             state = state.clone()
             state[alive] = new_y if self.feeds_back_pre_norm else new_m
@@ -374,6 +444,21 @@ class MtpHead(nn.Module):
         while block > 1 and nh * block * (max_prefix + block * n_chain) > budget:
             block //= 2
         return block
+
+    def topk_chunked(self, states: Tensor, k: int, budget: int = LOGITS_BUDGET) -> tuple[Tensor, Tensor, Tensor]:
+        """states: [n, H] -> (ids [n, k] int64, probabilities [n, k] fp32, log-probabilities [n, k] fp32): the k most
+        likely tokens of the temperature-1 softmax of the head's logits, most likely first (SGLang's tree scores:
+        `fast_topk(softmax(logits), topk)`, sglang/srt/speculative/eagle_worker_v2.py:881-888), vocabulary chunked."""
+        n = states.shape[0]
+        rows = max(1, budget // self.geometry.vocab_size)
+        ids = torch.empty(n, k, dtype=torch.long, device=self.device)
+        lps = torch.empty(n, k, dtype=torch.float32, device=self.device)
+        for r0 in range(0, n, rows):
+            logits = self.logits(states[r0 : r0 + rows])
+            top, idx = logits.topk(k, dim=-1)
+            ids[r0 : r0 + rows] = idx
+            lps[r0 : r0 + rows] = top - torch.logsumexp(logits, dim=-1, keepdim=True)
+        return ids, lps.exp(), lps
 
     def _argmax_chunked(self, states: Tensor, budget: int) -> tuple[Tensor, Tensor]:
         """states: [n, H] -> (argmax token [n] int64, its log-softmax [n] fp32), vocab chunked by rows."""

@@ -9,6 +9,7 @@ Its stages, in the order the data flows (each module opens with its own contract
     summary      summarize(run, cost) -> Report: every metric of ACCEPTANCE.md per K <= Kmax, sliced by segment,
                  context length, turn and session, the verdict; the same at the gated batch size
     drafters     every drafter of the run summarised on the same anchors and ranked
+    trees        the tree configurations and layer rules of the run, by the same functions, beside the chain
     baseline     compare(report, baseline) -> Comparison
     reading      read_and_summarize(path, ...) -> Reading: all of the above, as `mtp-observe report` runs it
     document     report_json(report, comparison): the stable JSON (`--format json`, keys in README.md)
@@ -50,10 +51,12 @@ from .tallies import (
     tally,
     what_if_steps,
 )
+from .trees import Configuration, LayerRule, TreeSummary, run_layer_rules, run_trees, summarize_trees, tree_cost
 from .verdict import DEFAULT_GATE, GATE_METRICS, Candidate, Gate, RecordingSampler, Verdict, judge, parse_gate
 
 __all__ = [
-    "BatchSpeedup", "CONTEXT_BINS", "Candidate", "Comparison", "Cost", "CostTable", "DEFAULT_GATE", "Delta",
+    "BatchSpeedup", "CONTEXT_BINS", "Candidate", "Comparison", "Configuration", "LayerRule", "TreeSummary",
+    "run_layer_rules", "run_trees", "summarize_trees", "tree_cost", "Cost", "CostTable", "DEFAULT_GATE", "Delta",
     "DrafterSummary", "GATE_METRICS", "Gate", "LoopSteps", "MODEL_FREE_DRAFTERS", "PROBE_VERSION", "REPORT_VERSION",
     "Rank", "Reading", "RecordingSampler", "Report", "Resampling", "Rows", "Run", "Slice", "Spans", "SpeculativeCheck",
     "Verdict", "batch_speedups", "compare", "context_bin", "cost_table", "drafter_cost", "drafter_table", "judge",

@@ -22,7 +22,8 @@ from .verdict import Candidate, RecordingSampler
 REPORT_VERSION = 3  # the "report_version" of report_json; bump on an incompatible key change (2: best.tau_sim is the
 # verdict's τ, speedup from τ_sim, recorded_with, slices.context, tau_profile is the position-aware what-if estimate;
 # 3: the engine-counted keys of a drafter whose steps draft fewer than K tokens count only the steps with a draft
-# and their draft tokens, as vLLM does)
+# and their draft tokens, as vLLM does;
+# trees, configurations and layer_rules, run.schema_version 3)
 
 
 def _num(x) -> float | None:
@@ -160,6 +161,56 @@ def batch_json(b: BatchSpeedup) -> dict:
     }
 
 
+def trees_json(report: Report) -> list[dict]:
+    """report JSON `trees`: one object per replayed tree configuration (README, "report JSON"; report/trees.py)."""
+    out = []
+    for t in report.trees:
+        o, S = t.overall, t.steps
+        speedup, lo, hi = t.speedup
+
+        def seq(a):
+            return None if a is None else [_num(x) for x in np.asarray(a)]
+
+        out.append({
+            "name": t.name, "steps": S, "topk": t.topk, "draft_tokens": t.draft_tokens, "attention": t.attention,
+            "sglang_args": t.flags.split(), "alpha": seq(o.value.alpha), "alpha_lo": seq(o.lo.alpha if o.lo else None),
+            "alpha_hi": seq(o.hi.alpha if o.hi else None), "accept_rate": seq(o.value.accept_rate),
+            "tau_sim": _num(o.value.tau_sim[S - 1]),
+            "tau_sim_lo": _num(o.lo.tau_sim[S - 1]) if o.lo is not None else None,
+            "tau_sim_hi": _num(o.hi.tau_sim[S - 1]) if o.hi is not None else None,
+            "mean_acceptance_length": _num(o.value.mean_acceptance_length[S - 1]),
+            "speedup": _num(speedup), "speedup_lo": _num(lo) if lo is not None else None,
+            "speedup_hi": _num(hi) if hi is not None else None,
+            "batch": report.batch.binding if report.batch is not None else 1,
+            "by_batch": {"batch_sizes": list(t.batch), "speedup": seq(t.by_batch), "speedup_lo": seq(t.by_batch_lo),
+                         "speedup_hi": seq(t.by_batch_hi), "chain_k": list(t.chain_k), "vs_chain": seq(t.vs_chain),
+                         "vs_chain_lo": seq(t.vs_chain_lo), "vs_chain_hi": seq(t.vs_chain_hi),
+                         "draft_width": t.draft_width},
+            "anchors": t.anchors, "fewer_than_chain": t.fewer, "more_than_chain": t.more,
+            "fewer_than_chain_why": dict(t.fewer_why), "cost": plain_cost_json(t.report.cost),
+        })
+    return out
+
+
+def configurations_json(report: Report) -> list[dict]:
+    """report JSON `configurations`: the best of the chain and the trees at each batch size (a what-if)."""
+    return [{"batch": c.batch, "name": c.name, "k": c.k, "steps": c.steps, "topk": c.topk, "draft_tokens": c.draft_tokens,
+             "speedup": _num(c.speedup), "speedup_lo": _num(c.lo) if c.lo is not None else None,
+             "speedup_hi": _num(c.hi) if c.hi is not None else None} for c in report.configurations]
+
+
+def layer_rules_json(report: Report) -> list[dict]:
+    """report JSON `layer_rules`: a head with several MTP layers, each rule over the same anchors."""
+    def seq(a):
+        return [_num(x) for x in np.asarray(a)]
+
+    return [{"rule": r.rule, "drafter": r.drafter, "text": r.text, "k": list(range(1, r.k + 1)),
+             "alpha": seq(r.overall.value.alpha), "tau_sim": seq(r.overall.value.tau_sim),
+             "tau_sim_lo": seq(r.overall.lo.tau_sim) if r.overall.lo is not None else None,
+             "tau_sim_hi": seq(r.overall.hi.tau_sim) if r.overall.hi is not None else None,
+             "speedup": seq(r.overall.value.speedup), "best_k": r.best_k} for r in report.layer_rules]
+
+
 def report_json(report: Report, comparison: Comparison | None = None) -> dict:
     m = report.manifest
     model = m.get("model") or {}
@@ -215,6 +266,9 @@ def report_json(report: Report, comparison: Comparison | None = None) -> dict:
         ],
         "drafters": drafters_json(report),
         "batch": batch_json(report.batch) if report.batch is not None else None,
+        "trees": trees_json(report),
+        "configurations": configurations_json(report),
+        "layer_rules": layer_rules_json(report),
         "baseline": None if comparison is None else {
             "path": str(comparison.baseline_path), "k": comparison.k, "profiles": list(comparison.profiles),
             "sessions": {"shared": comparison.shared, "only_current": comparison.only_current,

@@ -20,6 +20,7 @@ from .baseline import Comparison, compare
 from .drafters import summarize_drafters
 from .run import Run, load_run, newest_run, run_drafters
 from .summary import Report, summarize, summarize_at_batch
+from .trees import summarize_trees
 from .verdict import Gate
 
 MAX_REPLICATES = 100_000  # bootstrap weights are [replicates, sessions] float64: past this, memory, not accuracy
@@ -82,6 +83,7 @@ def read_and_summarize(
                        batch_sizes=tuple(sorted(set(batch_sizes or DEFAULT_BATCHES) | {lo, hi})))
     report = summarize_at_batch(run, drafter_table(table, run.drafter), (lo, hi), recorded_with=recorded_with, **options)
     report = summarize_drafters(report, run, table, recorded_with=recorded_with, **options)
+    report = summarize_trees(report, run, table, recorded_with=recorded_with, **options)  # the what-ifs beside the chain
     comparison = None
     if baseline is not None:
         base_manifest = read_manifest(Path(baseline))

@@ -1,7 +1,7 @@
 """The run read back and checked: a run directory as arrays the report's stages read.
 
 Contract:
-    load_run(path, drafter=None) -> Run
+    load_run(path, drafter=None, variant=None) -> Run
                                      reads a run directory of schema_version 1, 2 or 3 (tables.py) and refuses anything
                                      else in one line (RunDirectoryError): a complete run must agree with its
                                      manifest's counts, probabilities must lie in [0, 1] and log-probabilities at or
@@ -12,7 +12,9 @@ Contract:
 
 Drafters (a run of several, tables.py): `load_run(path, drafter)` reads one drafter's rows (`judged_drafter`:
 --drafter, default mtp when the run has it, else its first), so every later stage computes each drafter's
-numbers by the same lines.
+numbers by the same lines. Variants (version 3: a tree's rows, the stepwise layer rule's): `load_run(path,
+variant=(name, depth))` reads that block as a Run of Kmax = its depth, with the tree's `tree_node` when it has one
+(report/trees.py).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Rows:
     p_accept: np.ndarray  # [R, P] float64  p_accept_<profile>
     draft_token: np.ndarray  # [R] int64
     anchor: np.ndarray  # [R] int64  index of the row's anchor (into Run.accepted_len)
+    tree_node: np.ndarray | None = None  # [R] int64  a tree's rows only (tables.py, version 3); None otherwise
 
 
 @dataclass(frozen=True)
@@ -152,21 +155,25 @@ def head_reading_note(manifest: dict, version: int) -> str | None:
             "replay --head-reading for the other engine's)")
 
 
-def load_run(path: str | Path, drafter: str | None = None) -> Run:
-    """Read and check a run directory (the rows of one drafter: `judged_drafter`). Every inconsistency a reader
-    would trip on is one RunDirectoryError."""
+def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, int] | None = None) -> Run:
+    """Read and check a run directory (the rows of one drafter: `judged_drafter`; or of one variant, (name, depth):
+    a tree's or the stepwise layer rule's block, version 3). Every inconsistency a reader would trip on is one
+    RunDirectoryError."""
     path = Path(path)
     manifest = read_manifest(path)
-    K = manifest["k"]
+    K = manifest["k"] if variant is None else int(variant[1])
     target_ran = manifest.get("target_ran", True) is not False
     profiles = tuple(manifest.get("sampling", {})) if target_ran else ()
     status = str(manifest.get("status", "unknown"))
     version = int(manifest["schema_version"])
     counts = manifest.get("counts") if isinstance(manifest.get("counts"), dict) else {}
     drafters = run_drafters(manifest)
-    chosen = judged_drafter(manifest, drafter)
-    with_drafters = drafters != ("mtp",)
-    draft_ks = _draft_ks(manifest, chosen, K)
+    chosen = judged_drafter(manifest, drafter) if variant is None else variant[0]
+    positions_path = path / "positions.parquet"
+    # rows in blocks (drafters, or the head's variants beside mtp alone); a run of mtp alone without them has no column
+    with_drafters = drafters != ("mtp",) or (version >= 3 and has_column(positions_path, "drafter"))
+    draft_ks = _draft_ks(manifest, chosen, K) if variant is None else (K,)
+    tree_rows = variant is not None and has_column(positions_path, "tree_node") and chosen.startswith("tree:")
     notes: list[str] = []
     if status == "partial":
         missing = (manifest.get("merged") or {}).get("missing") or {}
@@ -177,6 +184,9 @@ def load_run(path: str | Path, drafter: str | None = None) -> Run:
     elif counts.get("sessions_ok") == 0:
         raise _run_error(path / "run.json", f"the run replayed no session ({counts.get('sessions_skipped', 0)} skipped; "
                                             "the reasons are under errors in run.json): there is nothing to report")
+    if version < 3 and variant is None:
+        notes.append(f"schema_version {version} run: no tree drafts and no layer rules (replay --tree; a head with "
+                     "several MTP layers); re-run replay for them")
     if version < 2:
         notes.append("schema_version 1 run: no recording-sampler sums, so only greedy traffic can be recognised "
                      "(the on-policy rate); re-run replay for sampled traffic")
@@ -205,7 +215,8 @@ def load_run(path: str | Path, drafter: str | None = None) -> Run:
     with_draft_len = with_drafters and chosen != "mtp" and has_column(positions_path, "draft_len")
     columns = ["session_id", "request", "pos", "depth", "segment", "draft_token", "actual_token", "match", "accepted",
                "draft_logprob"] + (["target_token", "target_logprob", "actual_logprob"] if target_ran else []) + \
-              [f"p_accept_{p}" for p in profiles] + (["draft_len"] if with_draft_len else []) + [PART]
+              [f"p_accept_{p}" for p in profiles] + (["draft_len"] if with_draft_len else []) + \
+              (["tree_node"] if tree_rows else []) + [PART]
     table = read_dataset(positions_path, columns, status, filter=_variant(chosen, K) if with_drafters else None)
     if table.num_rows == 0:
         raise _run_error(positions_path, "has no rows" + (f" of drafter {chosen}" if with_drafters else "") +
@@ -234,6 +245,8 @@ def load_run(path: str | Path, drafter: str | None = None) -> Run:
                  else np.full(len(order), np.nan))
     p_accept = np.stack([col(f"p_accept_{p}", np.float64)[order] for p in profiles], axis=1) if profiles \
         else np.zeros((len(order), 0))
+    tree_node = table.column("tree_node").fill_null(-3).to_numpy(zero_copy_only=False).astype(np.int64)[order] \
+        if tree_rows else None
     del table, order  # the arrays hold what the report reads: the Arrow buffers can go
     pa.default_memory_pool().release_unused()
     if (segment < 0).any():
@@ -271,7 +284,7 @@ def load_run(path: str | Path, drafter: str | None = None) -> Run:
     rows = Rows(
         session=session, request=request, pos=pos, depth=depth, segment=segment,
         turn=spans.turn[span_index][anchor], accepted=accepted, on_path=on_path, on_policy=on_policy,
-        p_accept=p_accept, draft_token=draft_token, anchor=anchor,
+        p_accept=p_accept, draft_token=draft_token, anchor=anchor, tree_node=tree_node,
     )
     own, longest = _session_facts(req, session_keys, version)
     loop = _loop_steps(req, session_keys, sessions, spans, requests_path) if with_loop else None

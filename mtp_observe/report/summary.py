@@ -50,6 +50,7 @@ from .verdict import Gate, RecordingSampler, Verdict, judge, recording_sampler
 
 if TYPE_CHECKING:
     from .drafters import DrafterSummary, Rank
+    from .trees import Configuration, LayerRule, TreeSummary
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,9 @@ class Report:
     drafters: tuple["DrafterSummary", ...] = ()  # every drafter of the run, run.json order (summarize_drafters)
     ranking: tuple["Rank", ...] = ()  # the drafters by speedup at their best K, best first
     batch: "BatchSpeedup | None" = None  # speedup by batch size (section 8); the slices' cost is at batch.binding
+    trees: tuple["TreeSummary", ...] = ()  # each replayed tree configuration beside the chain (report/trees.py)
+    configurations: tuple["Configuration", ...] = ()  # the best of the chain and the trees at each batch size (a what-if)
+    layer_rules: tuple["LayerRule", ...] = ()  # a head with several MTP layers: each rule over the same anchors
 
     @property
     def serve_k(self) -> int:
