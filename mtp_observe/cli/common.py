@@ -67,6 +67,7 @@ def _root(
 # outside them is refused before the command runs (main words the refusal: `--format x: expected one of ...`).
 OnError = Literal["fail", "skip"]
 ReportFormat = Literal["table", "markdown", "json"]
+Traffic = Literal["same", "other"]  # compare --traffic (engines.TRAFFIC)
 Dtype = Literal["auto", "float32", "bfloat16"]
 DEVICE_METAVAR = "<auto|cpu|cuda|cuda:N>"  # cuda:N is open-ended, so not a Choice; pipeline.resolve_device checks it
 
