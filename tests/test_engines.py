@@ -278,6 +278,22 @@ def test_compare_on_prometheus_text_ten_points_lower_exits_1_with_the_reason(big
     assert not any(row.within for row in result.rows)  # every position and the mean acceptance length
 
 
+def test_compare_opens_with_the_verdict_report_gives_under_the_same_options(big_run, reading, tmp_path):
+    f = tmp_path / "metrics.txt"
+    f.write_text(prometheus(engine_numbers(reading.report)))
+    for options, status in ((("--gate", "speedup>=9"), "NO-GO"), (("--min-sessions", "50"), "UNRELIABLE")):
+        data = json.loads(cli("report", str(big_run), *options, "--format", "json", "--replicates", "50").stdout)
+        assert data["verdict"]["status"] == status and data["verdict"]["run_k"] == 0
+        r = cli("compare", str(big_run), "--engine-metrics", str(f), *options, "--replicates", "50")
+        # the header is the report's verdict; on the very tokens, too few sessions or a gate not cleared do not
+        # stop the counters from agreeing with the run
+        assert r.returncode == 0 and r.stdout.startswith(f"run verdict: {data['verdict']['headline']}"), (r.stdout, r.stderr)
+        assert "AGREES" in r.stdout and "does not predict" not in r.stdout
+    other = cli("compare", str(big_run), "--engine-metrics", str(f), "--min-sessions", "50", "--traffic", "other",
+                "--replicates", "50")  # for other traffic, 40 sessions below --min-sessions 50 do not speak for it
+    assert other.returncode == 0 and "does not predict the engine's traffic" in other.stdout, other.stdout
+
+
 def test_on_an_unreliable_run_compare_says_the_run_does_not_predict_the_engines_traffic(tmp_path):
     foreign = {"thinking": (0.9, 0.4, 0.5, 0.2), "instruct": (1.0, 0.8, 0.5, 0.2), "greedy": (0.55, 0.55, 1.0, 0.0)}
     run = write_run(tmp_path / "foreign", random_sessions(40, 4, 0.7, seed=1, fit_rates=foreign), k=4, draft_cost=0.08)

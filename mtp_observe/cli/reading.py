@@ -190,15 +190,22 @@ def compare(
                                                    "run has it, else its first).")] = None,
     min_sessions: Annotated[int, typer.Option("--min-sessions", help="Sessions the run's verdict needs, as report "
                                               "--min-sessions.")] = DEFAULT_MIN_SESSIONS,
+    gate: Annotated[Optional[str], typer.Option(help="The gate the run's verdict is judged on, as report --gate.")] = None,
+    recorded_with: Annotated[Optional[str], typer.Option("--recorded-with", help="The profile the sessions were recorded "
+                                                         "with, as report --recorded-with.")] = None,
+    min_support: Annotated[float, typer.Option("--min-support", "--min-on-policy", help="As report --min-support.")] = 0.95,
+    batch: Annotated[str, typer.Option("--batch", help="Batch size B (or LO-HI) where the verdict is judged, as report --batch.")] = "1",
+    device_spec: Annotated[Optional[str], typer.Option("--device-spec", help="The roofline's device, as report --device-spec.")] = None,
     probe: Annotated[Optional[Path], typer.Option(help="probe.json: measured c and v(K) (they choose the best K).")] = None,
     draft_cost: Annotated[Optional[float], typer.Option(help="c = draft step / target decode step (default: roofline).")] = None,
     replicates: Annotated[int, typer.Option(help="Bootstrap resamples of sessions.")] = 1000,
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
 ) -> None:
-    """The engine's own acceptance counters against the run: exit 0 when they agree, 1 when not."""
+    """The engine's own acceptance counters against the run: exit 0 when they agree, 1 when not. It opens with the
+    run's verdict, judged with the options that shape it (as report's)."""
     from ..engines import check, read_engine_metrics
     from ..errors import EngineMetricsError
-    from ..report import read_and_summarize
+    from ..report import parse_gate, read_and_summarize
 
     try:
         text = engine_metrics.read_text(encoding="utf-8", errors="replace")
@@ -206,7 +213,9 @@ def compare(
         raise EngineMetricsError(f"--engine-metrics {engine_metrics}: cannot read ({e.strerror or e})") from None
     measured = read_engine_metrics(text, str(engine_metrics))
     reading = read_and_summarize(run, drafter=drafter, probe=probe, draft_cost=draft_cost, replicates=replicates,
-                                 seed=seed, min_sessions=min_sessions)
+                                 seed=seed, min_sessions=min_sessions, gate=parse_gate(gate) if gate is not None else None,
+                                 recorded_with=recorded_with, min_support=min_support, batch=batch,
+                                 device_spec=device_spec)
     result = check(reading.report, measured, k, traffic)
     v = reading.report.verdict
     say(out, f"run verdict: {v.headline}: {v.reason}")
