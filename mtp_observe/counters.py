@@ -57,6 +57,7 @@ class EngineMeasurement:
     per_position: np.ndarray | None  # [K] per_pos / num_drafts
     mean_acceptance_length: float
     detail: str  # for people: what was summed
+    model_name: str | None = None  # the counters' model_name label (vLLM /metrics), None where the source has none
 
 
 VLLM_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
@@ -256,7 +257,7 @@ def read_prometheus(text: str, where: str) -> EngineMeasurement:
     rates = np.array([c / drafts for c in per_pos])
     window_said = f"the window between {scrapes} scrapes (from line {first} to line {last}): " if scrapes > 1 else ""
     return EngineMeasurement(source="vllm-prometheus", k=k, steps=float(drafts), per_position=rates,
-                             mean_acceptance_length=1.0 + accepted / drafts,
+                             mean_acceptance_length=1.0 + accepted / drafts, model_name=next(iter(models), None),
                              detail=f"vLLM counters{' (_total)' if use_total else ''}: {window_said}{drafts:,} drafts, "
                                     f"{accepted:,} accepted tokens")
 

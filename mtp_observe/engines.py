@@ -4,12 +4,17 @@ files the engines and capacity planners read, and a check of an engine's own cou
 Contract:
     engine_numbers(report, k) -> EngineNumbers   the run at draft length K as vLLM counts it: over the steps the
                                                  simulated decode makes (metrics.decode_walk), with the intervals
-    serve_lines(report) -> list[str]             the vLLM / SGLang flags of the verdict's K, for people
+    serve_lines(report) -> list[str]             the vLLM / SGLang flags of the verdict's K to run, only when it serves
+    what_if_lines(report) -> list[str]           otherwise the best K's flags, labelled "not recommended"
     export(reading, engine, k) -> str            a file's text for `engine` (ENGINES)
     read_engine_metrics(text, where) -> EngineMeasurement
                                                  vLLM Prometheus text, vLLM per-request JSON, SGLang log lines
                                                  (counters.py: read, and checked to be counts)
-    check(report, measured, k) -> EngineCheck    the engine's numbers against the run's intervals (exit 0 / 1)
+    check(report, measured, k, traffic) -> EngineCheck
+                                                 the engine's numbers against the run's (exit 0 / 1): on the same tokens
+                                                 within numerics and counting noise, or on other traffic within a
+                                                 two-sample band; says when the run's verdict means it cannot judge
+    export_plan(report, k, force) -> ExportPlan  export follows the verdict: refused unless it serves, or --force
 
 Why the engine-counted numbers, not the all-anchor ones. An engine counts the steps its decoder makes: after a
 step that accepts a drafts it jumps a + 1 tokens ahead, so the anchors it verifies from are the simulated
@@ -401,28 +406,21 @@ def reading_note(report: Report, engine: str) -> str | None:
             "(docs/nextn.md)")
 
 
-def serve_lines(report: Report) -> list[str]:
-    """What the verdict stands for, in the engines' flags (the judged drafter's), at the best K."""
-    k = report.best_k
-    status = report.verdict.status
+def _flag_lines(report: Report, k: int, lead: str, full: bool) -> list[str]:
+    """vLLM's (and SGLang's, for MTP) flags at K after `lead`; full: the dynamic schedule and SGLang's line too."""
     drafter = report.drafter
     config = report_speculative_config(report, k)
-    what = "MTP" if drafter == "mtp" else f"the {drafter} drafter"
-    if status == "GO":
-        lead = f"GO serves {what} at K={k}:"
-    elif status == "NO-GO":
-        lead = f"NO-GO: serve without speculative decoding; {what} at the best K={k} would be:"
-    else:
-        lead = f"UNRELIABLE: no configuration yet; {what} at the best K={k} would be:"
     if config is None:
         why = vllm_unservable(drafter, (report.manifest.get("drafters") or {}).get(drafter))
         return [f"{lead} no engine flag ({why}{'' if drafter in VLLM_DRAFTERS else '; nor does SGLang'})"]
-    dynamic = dynamic_config(report)
     env = "VLLM_USE_V2_MODEL_RUNNER=0 " if drafter == "ngram" and drafter_runner(report.manifest, drafter) == "v1" else ""
     lines = [f"{lead} {env}vllm serve MODEL --speculative-config '{_json(config)}'"]
     note = reading_note(report, "vllm") if drafter == "mtp" else None
     if note is not None:
         lines.append(f"  note: {note}")
+    if not full:
+        return lines
+    dynamic = dynamic_config(report)
     if dynamic is not None:
         lines.append(f"  vLLM by batch size (dynamic speculative decoding; dropped under data parallelism): "
                      f"--speculative-config '{_json(dynamic)}'")
@@ -432,6 +430,30 @@ def serve_lines(report: Report) -> list[str]:
         if note is not None:
             lines.append(f"  note: {note}")
     return lines
+
+
+def _what(report: Report) -> str:
+    return "MTP" if report.drafter == "mtp" else f"the {report.drafter} drafter"
+
+
+def serve_lines(report: Report) -> list[str]:
+    """The engines' flags of the verdict's K to run, for people — only when the verdict serves (GO at a K whose
+    speedup beats 1: Verdict.serves); otherwise none: nothing recommends a serve line the verdict does not."""
+    v = report.verdict
+    if not v.serves:
+        return []
+    return _flag_lines(report, v.run_k, f"serve {_what(report)} at K={v.run_k}:", full=True)
+
+
+def what_if_lines(report: Report) -> list[str]:
+    """When the verdict does not serve but the best K's speedup beats 1 on its point estimate: the flags it would
+    take, labelled "not recommended" (report --details). None when the verdict serves or nothing pays."""
+    v, k = report.verdict, report.best_k
+    speedup = float(report.overall.value.speedup[k - 1])
+    if v.serves or not (math.isfinite(speedup) and speedup > 1.0):
+        return []
+    return _flag_lines(report, k, f"not recommended ({v.status}, K to run 0): {_what(report)} at the best K={k} would "
+                                  "be:", full=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -708,9 +730,39 @@ def export_sglang_tree(reading: Reading, spec: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True)
+class ExportPlan:
+    """What `export` does with the run's verdict: write or not, and the lines it says on stderr."""
+
+    writes: bool  # False: the verdict does not serve (NO-GO, UNRELIABLE, or K to run 0) and --force was not given
+    lines: tuple[str, ...]  # for stderr: the verdict, and (refused) the one line why, or (forced) "not recommended"
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.writes else 1
+
+
+def export_plan(report: Report, k: int | None = None, force: bool = False) -> ExportPlan:
+    """export follows the verdict: a verdict that serves (GO at a K that pays) is written with the verdict on stderr;
+    any other is refused in one line, unless force, which writes it and says it is not recommended."""
+    v = report.verdict
+    said = f"verdict: {v.headline}: {v.reason}"
+    if v.serves:
+        other = () if k in (None, v.run_k) else (f"--k {k}: not the verdict's K to run ({v.run_k}); written as asked",)
+        return ExportPlan(True, (said,) + other)
+    if not force:
+        return ExportPlan(False, (f"not exported: {v.status}, K to run 0 ({v.reason}); nothing is written; "
+                                  "--force writes it anyway, not recommended",))
+    at = k if k is not None else report.best_k
+    return ExportPlan(True, (said, f"not recommended: written at K={at} because of --force; the verdict is {v.status} "
+                                   "and its K to run is 0"))
+
+
 def export(reading: Reading, engine: str, k: int | None = None, tree: str | None = None) -> str:
     """The text of `mtp-observe export --engine ENGINE` (JSON for vllm and speculation-profile, KEY=VALUE lines
-    for sglang and trtllm, YAML for aiconfigurator); tree (--tree S,TOPK,T, sglang only): a replayed tree's."""
+    for sglang and trtllm, YAML for aiconfigurator), at K (default: the best K, which is the verdict's K to run
+    when the verdict serves; export_plan decides whether it is written); tree (--tree S,TOPK,T, sglang only): a
+    replayed tree's."""
     if engine not in ENGINES:
         raise OptionError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
     if tree is not None:
@@ -736,17 +788,45 @@ def export(reading: Reading, engine: str, k: int | None = None, tree: str | None
 # 5. The check
 
 
+TRAFFIC = ("same", "other")  # compare --traffic
+BF16_DRAFT_FLIP_SHARE = 0.0069  # drafts that differ between a bfloat16 and a float32 replay of the same tokens: 0.69%
+# of 12,318 drafts (0.25% at depth 1; 0.28% of match bits), the bundled model on the demo sessions
+# (`python benchmarks/bf16_drafting.py`; the fidelity audit's range for this kind of flip: 0.3-0.9%). The
+# engine-counted numbers moved by at most 0.0044 in mean acceptance length and 0.0031 in a per-position rate, K = 1..4.
+Z_95 = 1.959963984540054  # the normal 97.5% quantile: the bands are 95% two-sided
+
+
 @dataclass(frozen=True)
 class Agreement:
+    """One engine number against the run's: the band it must lie in (run ± half_width)."""
+
     name: str  # e.g. "per-position acceptance, position 1"
     engine: float
     run: float
-    lo: float
-    hi: float
+    lo: float  # the band: run - half_width
+    hi: float  # run + half_width
+    counting: float  # the half-width's parts: the engine's counting noise (binomial, 95%) ...
+    numerics: float  # ... bf16 drafting flips (BF16_DRAFT_FLIP_SHARE per draft) ...
+    sampling: float  # ... and the run's own bootstrap over sessions (95%; --traffic other only, else 0)
 
     @property
     def within(self) -> bool:
         return self.lo <= self.engine <= self.hi
+
+    @property
+    def half_width(self) -> float:
+        """The smallest difference from the run this comparison flags (95%)."""
+        return (self.hi - self.lo) / 2
+
+
+def _name_of(model: str) -> str:
+    """A model's name for matching a served model_name: the last path part, the repo of a hub cache snapshot
+    (models--ORG--NAME/snapshots/HASH -> NAME), lower case."""
+    parts = [p for p in model.replace("\\", "/").split("/") if p]
+    for i, part in enumerate(parts):
+        if part.startswith("models--") and i + 2 < len(parts) and parts[i + 1] == "snapshots":
+            return part.split("--")[-1].lower()
+    return parts[-1].lower() if parts else ""
 
 
 @dataclass(frozen=True)
@@ -756,6 +836,12 @@ class EngineCheck:
     rows: tuple[Agreement, ...]
     level: float
     note: str | None = None  # where the engine reads the head otherwise than the run replayed it (reading_note)
+    traffic: str = "same"  # TRAFFIC
+    verdict: object = None  # the run's report.verdict (Verdict): compare's header says it
+    predicts: bool = True  # the run speaks for the engine's traffic (no UNRELIABLE cause that matters for `traffic`)
+    why_not: str = ""  # when it does not: which cause, and its first next step
+    warnings: tuple[str, ...] = ()  # one line each: a model_name that is not the run's, drafts that are not the run's
+    interval: str = "session"  # the run's bootstrap unit (--traffic other): "turn" holds within these sessions only
 
     @property
     def agrees(self) -> bool:
@@ -766,24 +852,57 @@ class EngineCheck:
         return 0 if self.agrees else 1
 
     @property
+    def detectable(self) -> str:
+        """What size of difference this comparison could see, in words."""
+        mal = self.rows[-1]
+        pos = self.rows[:-1]
+        text = f"mean acceptance length ±{mal.half_width:.3f}"
+        if pos:
+            text += (f"; per-position acceptance {' / '.join(f'±{r.half_width:.3f}' for r in pos)} "
+                     f"(positions 1..{len(pos)})")
+        if self.traffic == "other" and self.interval != "session":
+            text += "; the run's interval resamples turns within its sessions only"
+        return text
+
+    @property
     def reason(self) -> str:
         out = [r for r in self.rows if not r.within]
+        noise = ("the engine's counting noise and bf16 drafting flips" if self.traffic == "same" else
+                 "the run's bootstrap over sessions, the engine's counting noise and bf16 drafting flips")
         if not out:
-            return (f"the engine's numbers at K={self.k} lie within the run's {self.level:.0%} intervals "
-                    f"({len(self.rows)} compared)")
-        worst = max(out, key=lambda r: max(r.lo - r.engine, r.engine - r.hi) / max(r.hi - r.lo, 1e-12))  # in widths
+            text = (f"the engine's numbers at K={self.k} lie within {noise} of the run's on "
+                    f"{'the same tokens' if self.traffic == 'same' else 'other traffic'} ({len(self.rows)} compared)")
+            return text if self.predicts else f"{text}; but {self.why_not}"
+        worst = max(out, key=lambda r: abs(r.engine - r.run) / max(r.half_width, 1e-12))
+        text = (f"{len(out)} of {len(self.rows)} engine numbers at K={self.k} differ from the run's by more than {noise}, "
+                f"e.g. {worst.name}: engine {worst.engine:.3f}, run {worst.run:.3f} ± {worst.half_width:.3f}")
+        if not self.predicts:
+            return f"{text}; {self.why_not}, so the difference says nothing about the engine"
         if self.note is not None:
-            return (f"{len(out)} of {len(self.rows)} engine numbers at K={self.k} fall outside the run's "
-                    f"{self.level:.0%} intervals, e.g. {worst.name}: engine {worst.engine:.3f}, run {worst.run:.3f}; but "
-                    f"{self.note}, so this is not yet a bug")
-        return (f"{len(out)} of {len(self.rows)} engine numbers at K={self.k} fall outside the run's {self.level:.0%} "
-                f"intervals, e.g. {worst.name}: engine {worst.engine:.3f}, run {worst.run:.3f} [{worst.lo:.3f}, "
-                f"{worst.hi:.3f}]; on the same traffic and sampler that is an engine or checkpoint bug (a pre-norm hidden "
-                "state fed to the head, a quantised head read as BF16, a dropped head)")
+            return f"{text}; but {self.note}, so this is not yet a bug"
+        if self.traffic == "same":
+            return (f"{text}; on the same tokens that is an engine or checkpoint bug (a pre-norm hidden state fed to the "
+                    "head, a quantised head read as BF16, a dropped head), or counters that are not of these requests")
+        return (f"{text}; the engine's traffic accepts differently from the run's beyond what sampling explains: other "
+                "traffic than the run's, or an engine or checkpoint bug (compare the counters of the very requests the "
+                "run replayed, --traffic same, to tell which)")
 
 
-def check(report: Report, measured: EngineMeasurement, k: int | None = None) -> EngineCheck:
-    """The engine's per-position rates and mean acceptance length against the run's intervals at the engine's K."""
+def check(report: Report, measured: EngineMeasurement, k: int | None = None, traffic: str = "same") -> EngineCheck:
+    """The engine's per-position rates and mean acceptance length against the run's at the engine's K.
+
+    --traffic same (the counters are of the very tokens the run replayed): the difference may only be numerics and
+    the engine's own counting noise — each band is the run's number ± (Z_95 · the binomial standard error at the
+    engine's drafts + bf16 flips: BF16_DRAFT_FLIP_SHARE per draft, k drafts for position k, K(K+1)/2 for the mean
+    acceptance length), so counters 10% below the run's on a few hundred steps disagree.
+    --traffic other (another sample of the prompts, or other traffic): a two-sample band — the run's bootstrap
+    replicates (standard deviation) and the engine's counting noise added in quadrature, plus the flips — whose
+    half-width is the smallest difference the comparison can detect.
+    Which UNRELIABLE causes matter: for the same tokens, an unfinished run or traffic that fits no sampler (the run
+    then does not describe what this engine served); for other traffic, every cause (too few sessions: the run's
+    numbers hold within its sessions only)."""
+    if traffic not in TRAFFIC:
+        raise OptionError(f"--traffic {traffic}: expected one of {', '.join(TRAFFIC)}")
     if measured.k is not None:
         if k is not None and k != measured.k:
             raise OptionError(f"--k {k}: the engine's counters are of K={measured.k}; leave --k out")
@@ -796,16 +915,59 @@ def check(report: Report, measured: EngineMeasurement, k: int | None = None) -> 
                           "drafter proposed tokens, which the run does not count per step; compare checks an MTP run")
     n = engine_numbers(report, k)
     check_acceptance_length(measured, n.k)
-    if n.per_position_lo is None or n.mean_acceptance_length_lo is None:
+    o = report.overall
+    if traffic == "other" and o.replicates is None:
         note = report.resampling.note if report.resampling is not None else None
         raise OptionError(f"{report.path}: the run has no bootstrap interval ({note or 'too few sessions'}); compare "
-                          "needs one: replay more sessions")
+                          "--traffic other needs one: replay more sessions")
+    # 1. The engine's counting noise: its drafts N (the run's own step count where the source gives none).
+    drafts = float(measured.steps) if measured.steps else float(n.steps)
+    counted = "" if measured.steps else f" (the source gives no step count: the run's {n.steps} steps stand in)"
+    hist = np.asarray(n.histogram, dtype=np.float64)
+    accepted = np.arange(n.k + 1, dtype=np.float64)
+    var_accepted = float((hist * (accepted - accepted @ hist / hist.sum()) ** 2).sum() / hist.sum())
+
+    def sampling(field: str, index) -> float:
+        if traffic != "other":
+            return 0.0
+        reps = np.asarray(getattr(o.replicates, field))[(slice(None),) + index]
+        reps = reps[np.isfinite(reps)]
+        return float(Z_95 * reps.std(ddof=1)) if reps.size > 1 else 0.0
+
+    def band(name, engine, run, counting_var, flips, field, index) -> Agreement:
+        counting = Z_95 * math.sqrt(counting_var / drafts)
+        spread = sampling(field, index)
+        half = math.sqrt(counting ** 2 + spread ** 2) + flips
+        return Agreement(name, float(engine), float(run), float(run) - half, float(run) + half, counting, flips, spread)
+
     rows = []
     if measured.per_position is not None:
         for i in range(n.k):
-            rows.append(Agreement(f"per-position acceptance, position {i + 1}", float(measured.per_position[i]),
-                                  float(n.per_position[i]), float(n.per_position_lo[i]), float(n.per_position_hi[i])))
-    rows.append(Agreement("mean acceptance length", measured.mean_acceptance_length, n.mean_acceptance_length,
-                          n.mean_acceptance_length_lo, n.mean_acceptance_length_hi))
-    engine = "sglang" if measured.source.startswith("sglang") else "vllm"
-    return EngineCheck(k=n.k, measured=measured, rows=tuple(rows), level=n.level, note=reading_note(report, engine))
+            p = float(n.per_position[i])
+            rows.append(band(f"per-position acceptance, position {i + 1}", measured.per_position[i], p, p * (1 - p),
+                             (i + 1) * BF16_DRAFT_FLIP_SHARE, "per_position_acceptance", (n.k - 1, i)))
+    rows.append(band("mean acceptance length", measured.mean_acceptance_length, n.mean_acceptance_length, var_accepted,
+                     n.k * (n.k + 1) / 2 * BF16_DRAFT_FLIP_SHARE, "mean_acceptance_length", (n.k - 1,)))
+    # 2. Whether the run speaks for this traffic (its verdict's causes).
+    v = report.verdict
+    matter = ("unfinished", "model-free", "sampler") if traffic == "same" else tuple(c.name for c in v.causes)
+    relevant = [c for c in v.causes if c.name in matter]
+    why_not = ""
+    if relevant:
+        first = relevant[0]
+        why_not = (f"the run is UNRELIABLE ({first.reason}) and does not predict the engine's traffic; "
+                   f"next: {first.steps[0]}" if first.steps else "")
+    # 3. One warning line each for what may make the comparison of other things.
+    warnings = []
+    run_model = (report.manifest.get("model") or {}).get("path") or ""
+    if measured.model_name and run_model and _name_of(measured.model_name) != _name_of(run_model):
+        warnings.append(f"the counters are labelled model_name={measured.model_name!r}, the run replayed {run_model}: "
+                        "served names are free, but if it serves another checkpoint this compares different models")
+    if traffic == "same" and measured.steps and abs(measured.steps - n.steps) > 0.1 * n.steps:
+        warnings.append(f"the engine counted {measured.steps:g} drafts where the run's decode of its tokens makes "
+                        f"{n.steps}{counted}: if the counters are not of exactly the replayed requests, compare with "
+                        "--traffic other")
+    return EngineCheck(k=n.k, measured=measured, rows=tuple(rows), level=n.level, traffic=traffic, verdict=v,
+                       predicts=not relevant, why_not=why_not, warnings=tuple(warnings),
+                       interval=report.resampling.unit if report.resampling is not None else "none",
+                       note=reading_note(report, "sglang" if measured.source.startswith("sglang") else "vllm"))

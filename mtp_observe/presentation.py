@@ -1,9 +1,11 @@
 """Presenting a report: rich tables for the terminal, Markdown for a CI job summary, a PNG.
 
-Contract: `report_tables(report, comparison)` lays the numbers out once as plain-text tables;
-`print_rich` and `markdown` only draw them. `plot` writes acceptance by depth and speedup
-versus K with their bootstrap intervals (matplotlib's Agg canvas, imported on use). Nothing is
-computed here: every number comes from report.Report / report.Comparison.
+Contract: `blocks(report, comparison, details)` lays the output out once — the first screen
+(`first_screen`: the verdict, the K to run and its serve line or the next steps, τ_sim and the
+speedup at the best K, the sampler fit, the slices that matter, one table by K), then with
+--details every table (`report_tables`) and note; `print_rich` and `markdown` only draw them.
+The PNG is plotting.py's. Nothing is computed here: every number comes from report.Report /
+report.Comparison, and the decision (status, K to run, reason, next steps) from its Verdict.
 
 What the user controls (session ids, run and model paths, notes quoting them) is drawn literally:
 through `literal.literal` for rich, `literal.markdown_literal` for Markdown (every line and cell).
@@ -13,14 +15,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
-
-from .engines import serve_lines
-from .literal import literal, markdown_literal, prose
+from .engines import serve_lines, what_if_lines
+from .literal import literal, markdown_literal, prose, visible
 from .metrics import CALIBRATION_TOLERANCE, Z_MAX
 from .report import CONTEXT_BINS, Comparison, Delta, Report, Slice
+from .report.advice import candidate_stats
 from .tables import SEGMENTS as SEGMENT_ORDER
 from .wording import plural
 
@@ -71,15 +71,136 @@ def delta_cell(d: Delta, field: str, index, label: str) -> str:
 # The tables
 
 
-def header_lines(report: Report, comparison: Comparison | None = None) -> list[str]:
-    m = report.manifest
-    o, k = report.overall, report.best_k
+# ---------------------------------------------------------------------------------------------
+# The first screen: the verdict, the K to run, its serve line or the next steps, the numbers at the best K
+
+
+INTERVAL_WORDS = {"session": "95%, resampling sessions",
+                  "turn": "95%, resampling turns within these sessions only",
+                  "none": "none (too few turns to resample)"}
+
+
+def verdict_lines(report: Report) -> list[str]:
+    """The verdict as every view opens with it: status and K to run, why (every cause), the serve lines when it
+    serves, and the next steps (report/verdict.py Verdict, rendered, never re-derived)."""
+    v = report.verdict
+    lines = [v.headline, f"why: {v.reason}"]
+    lines += [f"also: {c.reason}" for c in v.causes[1:]]
+    lines += serve_lines(report)
+    if v.next_steps:
+        lines.append("next:")
+        lines += [f"  {step}" for step in v.next_steps]
+    return lines
+
+
+def number_lines(report: Report, comparison: Comparison | None = None) -> list[str]:
+    """The headline numbers at the best K (the one τ named there is τ_sim), the sampler fit in one line, the
+    slices that matter most, the judged drafter among others, and where the run is."""
+    m, o, v, k = report.manifest, report.overall, report.verdict, report.best_k
+    at = batch_words(report) or " at batch 1"
+    run_or_best = "the K to run" if v.run_k == k else "the best K"
+    sessions = len(report.sessions)
+    interval = INTERVAL_WORDS[v.interval].replace("these sessions", f"these {plural(sessions, 'session')}")
+    lines = [f"at K = {k}, {run_or_best}{at}: τ_sim {cell(o, 'tau_sim', k - 1)}, speedup {cell(o, 'speedup', k - 1)}",
+             f"intervals: {interval}; draft cost c = {report.cost.c:.3f} ({report.cost.source})"]
+    rec = report.recording
+    if rec is not None and not rec.checked:
+        lines.append("recording sampler: not checked (no target ran)")
+    elif rec is not None and rec.name is None:
+        closest = max(rec.candidates, key=lambda c: c.log_likelihood, default=None)
+        lines.append(f"recording sampler: none of {len(rec.candidates)} fits"
+                     + (f"; closest {candidate_stats(closest)}" if closest is not None else ""))
+    elif rec is not None:
+        pick = rec.candidate(rec.name)
+        lines.append(f"recording sampler: {rec.label} — {'fits' if rec.fits else 'DOES NOT FIT'}"
+                     + (f" ({candidate_stats(pick).split(': ', 1)[1]})" if pick is not None else ""))
+    lines += slice_lines(report)
+    if len(report.drafters) > 1 and report.ranking:
+        ranked = "; ".join(f"{r.drafter} {num(r.speedup)} at K={r.k}" for r in report.ranking)
+        lines.append(f"drafters (speedup at each one's best K): {ranked}; judged: {report.drafter} (--drafter NAME)")
+    for c in report.speculative:
+        state = (f"agree at all {c.steps} steps" if c.agrees else f"not compared ({c.first_difference})"
+                 if c.replay_steps is None else f"DIFFER ({c.agree} of {c.steps} steps agree; first: {c.first_difference})")
+        lines.append(f"speculative loop (generate --speculative {c.k}, {c.requests} turns): {num(c.tokens_per_step)} tokens "
+                     f"per step over {c.steps} steps; the replay's τ_sim({c.k}) on the same turns {num(c.replay_tau_sim)} — "
+                     f"{state}")
+    if comparison is not None:
+        d, kc = comparison.overall, min(k, comparison.k)
+        lines.append(f"baseline {comparison.baseline_path}: Δspeedup at K={kc} "
+                     f"{delta_cell(d, 'speedup', kc - 1, f'speedup@K={kc}')}, Δτ_sim "
+                     f"{delta_cell(d, 'tau_sim', kc - 1, f'tau_sim@K={kc}')} (current - baseline; {FLAG} = its "
+                     f"{report.level:.0%} interval excludes 0)")
     model = (m.get("model") or {}).get("path", "?")
+    lines.append(f"run {report.path} · {m.get('status')} · {plural(sessions, 'session')}, {plural(o.anchors, 'anchor')} · "
+                 f"model {model} · {m.get('dtype')} · Kmax {report.k}")
+    return lines
+
+
+def slice_lines(report: Report) -> list[str]:
+    """The two slices that matter most, one line: the segment with the lowest depth-1 acceptance (the end-of-turn
+    token aside) and the context range with the lowest τ_sim at the best K."""
+    k = report.best_k
+    segments = [s for s in report.segments if s.name != "end" and math.isfinite(float(s.value.alpha[0]))]
+    parts = []
+    if segments:
+        worst = min(segments, key=lambda s: float(s.value.alpha[0]))
+        best = max(segments, key=lambda s: float(s.value.alpha[0]))
+        parts.append(f"worst segment {worst.name}: α_1 {cell(worst, 'alpha', 0)} over {plural(worst.anchors, 'anchor')}"
+                     + (f" (best {best.name} {num(best.value.alpha[0])})" if best is not worst else ""))
+    context = [s for s in report.context if math.isfinite(float(s.value.tau_sim[k - 1]))]
+    if len(context) > 1:
+        worst = min(context, key=lambda s: float(s.value.tau_sim[k - 1]))
+        parts.append(f"worst context {worst.name}: τ_sim {cell(worst, 'tau_sim', k - 1)}, speedup "
+                     f"{cell(worst, 'speedup', k - 1)}")
+    elif context:
+        parts.append(f"every anchor in context {context[0].name}")
+    return ["slices: " + "; ".join(parts)] if parts else []
+
+
+def k_label(report: Report, k: int) -> str:
+    """K as the tables show it: ★ the verdict's K to run; "best" the largest speedup when the verdict runs none."""
+    return f"{k} ★" if k == report.verdict.run_k else (f"{k} best" if k == report.best_k else str(k))
+
+
+def k_caption(report: Report) -> str:
+    v = report.verdict
+    if v.serves:
+        return "★ the K to run"
+    return f"K to run: 0; best = the largest speedup, {'not recommended' if v.status != 'GO' else 'not above 1'}"
+
+
+def summary_table(report: Report, comparison: Comparison | None = None) -> TextTable:
+    """τ_sim, speedup and the engine-counted mean acceptance length by K; the K to run starred."""
+    o = report.overall
+    title = f"by K ({k_caption(report)})"
+    columns = ("K", "τ_sim(K)", "speedup", "mean acceptance length")
+    rows = [(k_label(report, k), cell(o, "tau_sim", k - 1), cell(o, "speedup", k - 1), cell(o, "mean_acceptance_length", k - 1))
+            for k in range(1, report.k + 1)]
+    if comparison is not None:
+        d = comparison.overall
+        columns += ("Δspeedup vs baseline",)
+        rows = [row + ((delta_cell(d, "speedup", k - 1, f"speedup@K={k}") if k <= comparison.k else "—"),)
+                for k, row in enumerate(rows, start=1)]
+    return TextTable(title=title, columns=columns, rows=tuple(rows))
+
+
+def first_screen(report: Report, comparison: Comparison | None = None) -> list:
+    """What `report` prints without --details: lines and one table (at most about 40 lines at 100 columns)."""
+    notes = len(report.notes)
+    more = ("more: --details (every table, τ variant, slice, sampler, batch size, drafter"
+            + (f"; {plural(notes, 'note')}" if notes else "") + ") or --format json")
+    return [*verdict_lines(report), *number_lines(report, comparison), summary_table(report, comparison), more]
+
+
+def detail_lines(report: Report, comparison: Comparison | None = None) -> list[str]:
+    """--details: how the numbers were made (bootstrap, cost), the schedule, the what-if serve line."""
+    m = report.manifest
+    o = report.overall
     plan = report.resampling
     unit = {"session": "sessions", "turn": "turns within sessions", "none": "nothing (no intervals)"}[plan.unit] if plan else "sessions"
-    rec = report.recording
     lines = [
-        f"run {report.path}  status={m.get('status')}  model={model}  dtype={m.get('dtype')}  Kmax={report.k}",
+        f"run {report.path}  status={m.get('status')}  model={(m.get('model') or {}).get('path', '?')}  "
+        f"dtype={m.get('dtype')}  Kmax={report.k}",
         f"{plural(len(report.sessions), 'session')}, {plural(o.anchors, 'anchor')}, {plural(report.rows, 'row')}; "
         f"bootstrap {report.replicates} resamples of {unit} (seed {report.seed}), {report.level:.0%} intervals",
         f"draft cost c = {report.cost.c:.4f} ({report.cost.detail}); "
@@ -89,42 +210,22 @@ def header_lines(report: Report, comparison: Comparison | None = None) -> list[s
         others = ", ".join(d.name for d in report.drafters)
         lines.append(f"drafter judged: {report.drafter} (of {others}; `report --drafter NAME` judges another); every "
                      "drafter is ranked below on the same anchors")
-    if rec is not None and not rec.checked:
-        lines.append("recording sampler: not checked — no target ran (a model-free replay): no p_accept, no on-policy "
-                     "rate, no what-if; the verdict says what the numbers mean")
-    elif rec is not None and rec.name is None:
-        lines.append("recording sampler: no candidate fits the recorded tokens (table below)")
-    elif rec is not None:
-        pick = rec.candidate(rec.name)
-        state = "fits" if rec.fits else "DOES NOT FIT"
-        stats = f"support {num(pick.support)}" + ("" if pick.greedy else f", calibration {num(pick.calibration)}, z {num(pick.z, 1, signed=True)}")
-        lines.append(f"recording sampler: {rec.label} — {state} ({stats})")
-    lines += [
-        f"on-policy rate (recorded token = argmax) {cell(o, 'on_policy', ())}",
-        (f"best K = {k}" if report.serve_k else f"best K = 0 (no speculation: no K beats 1; the largest speedup is at K = {k})")
-        + f"{batch_words(report)}: speedup {cell(o, 'speedup', k - 1)} from τ_sim {cell(o, 'tau_sim', k - 1)}; "
-        f"mean acceptance length as the engine counts it {cell(o, 'mean_acceptance_length', k - 1)} "
-        f"(all-anchor τ(K), vLLM's per-position formula over every anchor: {cell(o, 'tau', k - 1)})",
-    ]
-    for c in report.speculative:
-        state = (f"agree at all {c.steps} steps" if c.agrees else f"not compared ({c.first_difference})"
-                 if c.replay_steps is None else f"DIFFER ({c.agree} of {c.steps} steps agree; first: {c.first_difference})")
-        lines.append(f"speculative loop (generate --speculative {c.k}, {c.requests} turns): {num(c.tokens_per_step)} tokens "
-                     f"per step over {c.steps} steps; the replay's τ_sim({c.k}) on the same turns {num(c.replay_tau_sim)} — "
-                     f"{state}")
+    said = {"sampler", "model-free"} & {c.name for c in report.verdict.causes}
+    if report.recording is not None and report.recording.checked and not said:
+        lines.append(f"recording sampler: {report.recording.reason}")
+    k = report.best_k
+    lines.append(f"at the best K = {k}{batch_words(report)}: on-policy rate (recorded token = argmax) "
+                 f"{cell(o, 'on_policy', ())}; τ(K), the per-position formula over every anchor (vLLM's mean "
+                 f"acceptance length formula), {cell(o, 'tau', k - 1)}; the engine-counted mean acceptance length "
+                 f"{cell(o, 'mean_acceptance_length', k - 1)}")
+    for c in report.verdict.causes:
+        lines.append(f"UNRELIABLE, {c.name}: {c.detail}")
     lines += batch_lines(report)
-    if comparison is None:
-        lines += serve_lines(report)
+    lines += what_if_lines(report)
     if comparison is not None:
         lines.append(f"baseline {comparison.baseline_path}: differences current - baseline over K <= {comparison.k}; "
                      f"{FLAG} = the difference's {report.level:.0%} interval excludes 0; {comparison.note}")
     return lines
-
-
-def verdict_line(report: Report) -> str:
-    v = report.verdict
-    gate = v.gate.text if v.enforced else f"{v.gate.text} (no --gate: informational)"
-    return f"{v.status}  [{gate}]  {v.reason}"
 
 
 def report_tables(report: Report, comparison: Comparison | None = None) -> list[TextTable]:
@@ -137,16 +238,17 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
     what_if = [i for i, p in enumerate(profiles) if p in shown] if int(report.manifest.get("schema_version", 1)) >= 2 else []
     by_k = TextTable(
         title="acceptance and projected speedup by K (token-weighted)",
-        columns=("K", "α_k", "A_k", "τ_sim(K)", "speedup", "τ(K) vLLM", *[f"τ_{profiles[i]} est" for i in what_if]),
+        columns=("K", "α_k", "A_k", "τ_sim(K)", "speedup", "τ(K) formula", *[f"τ_{profiles[i]} est" for i in what_if]),
         rows=tuple(
-            (f"{k} ★" if k == kb else str(k), num(o.value.alpha[k - 1]), num(o.value.accept_rate[k - 1]),
+            (k_label(report, k), num(o.value.alpha[k - 1]), num(o.value.accept_rate[k - 1]),
              cell(o, "tau_sim", k - 1), cell(o, "speedup", k - 1), cell(o, "tau", k - 1),
              *[num(o.value.tau_profile[i, k - 1]) for i in what_if])
             for k in range(1, K + 1)
         ),
-        caption="★ best K. α_k = accepted(k) / accepted(k-1); A_k = accepted(k) / evaluable(k); τ_sim = the simulated "
-                "decode of the recorded trajectory (the verdict's τ); speedup = τ_sim / (1 + K·c + v(K)); τ(K) vLLM = "
-                "1 + Σ A_k, vLLM's mean acceptance length (per-position formula, bonus token included; higher than "
+        caption=f"{k_caption(report)}. α_k = accepted(k) / accepted(k-1); A_k = accepted(k) / evaluable(k); τ_sim = the simulated "
+                "decode of the recorded trajectory (the verdict's τ); speedup = τ_sim / (1 + K·c + v(K)); τ(K) formula = "
+                "1 + Σ A_k over every anchor, vLLM's mean-acceptance-length formula per position (bonus token included; not "
+                "what an engine counts, which is the mean acceptance length of the table below; higher than "
                 "τ_sim when acceptance comes in bursts); τ_S est = what-if estimate under sampling profile S "
                 "(the walk with S's acceptance probabilities)",
     )
@@ -171,13 +273,13 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
     sw = o.session_weighted
     tables.append(TextTable(
         title=f"session-weighted (mean over {plural(o.sessions, 'session')})",
-        columns=("K", "α_k", "A_k", "τ_sim(K)", "τ(K) vLLM", "on-policy"),
+        columns=("K", "α_k", "A_k", "τ_sim(K)", "τ(K) formula", "on-policy"),
         rows=tuple((str(k), num(sw.alpha[k - 1]), num(sw.accept_rate[k - 1]), num(sw.tau_sim[k - 1]), num(sw.tau[k - 1]),
                     num(sw.on_policy) if k == 1 else "") for k in range(1, K + 1)),
     ))
     tables.append(TextTable(
         title=f"by segment of the drafted token (at best K = {kb}; no τ_sim: a decode walk crosses segments)",
-        columns=("segment", "anchors", "sessions", "α_1..α_K", "τ(K) vLLM", "τ(K) sess-w", "on-policy"),
+        columns=("segment", "anchors", "sessions", "α_1..α_K", "τ(K) formula", "τ(K) sess-w", "on-policy"),
         rows=tuple(
             (s.name, str(s.anchors), str(s.sessions), " ".join(num(a, 2) for a in s.value.alpha), cell(s, "tau", kb - 1),
              num(s.session_weighted.tau[kb - 1]), num(s.value.on_policy))
@@ -186,14 +288,14 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
     ))
     tables.append(TextTable(
         title=f"by context length at the anchor (at best K = {kb})",
-        columns=("context", "anchors", "sessions", "α_1", "τ_sim(K)", "speedup", "τ(K) vLLM"),
+        columns=("context", "anchors", "sessions", "α_1", "τ_sim(K)", "speedup", "τ(K) formula"),
         rows=tuple((s.name, str(s.anchors), str(s.sessions), num(s.value.alpha[0]), cell(s, "tau_sim", kb - 1),
                     cell(s, "speedup", kb - 1), num(s.value.tau[kb - 1])) for s in report.context),
         caption="rows by the anchor's position; τ_sim walks the turns that start in the range",
     ))
     tables.append(TextTable(
         title=f"by turn (at best K = {kb}; turn = index of the assistant message in its session)",
-        columns=("turn", "sessions", "anchors", "α_1", "τ_sim(K)", "τ_sim(K) sess-w", "τ(K) vLLM", "on-policy"),
+        columns=("turn", "sessions", "anchors", "α_1", "τ_sim(K)", "τ_sim(K) sess-w", "τ(K) formula", "on-policy"),
         rows=tuple(
             (s.name, str(s.sessions), str(s.anchors), num(s.value.alpha[0]), num(s.value.tau_sim[kb - 1]),
              num(s.session_weighted.tau_sim[kb - 1]), num(s.value.tau[kb - 1]), num(s.value.on_policy))
@@ -204,7 +306,7 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
     shown = len(worst) < len(report.sessions)
     tables.append(TextTable(
         title=f"by session (at best K = {kb})" + (f", the {len(worst)} lowest τ_sim of {len(report.sessions)}" if shown else ""),
-        columns=("session", "anchors", "α_1", "τ_sim(K)", "τ(K) vLLM", "on-policy"),
+        columns=("session", "anchors", "α_1", "τ_sim(K)", "τ(K) formula", "on-policy"),
         rows=tuple((s.name, str(s.anchors), num(s.value.alpha[0]), num(s.value.tau_sim[kb - 1]), num(s.value.tau[kb - 1]),
                     num(s.value.on_policy)) for s in worst),
         caption="every session is in --format json" if shown else "",
@@ -215,14 +317,14 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
 def engine_table(report: Report) -> TextTable:
     """vLLM's names for the numbers, counted as the engine counts them (over the simulated decode's steps),
     beside the all-anchor rates."""
-    o, K, kb = report.overall, report.k, report.best_k
+    o, K = report.overall, report.k
     v = o.value
     return TextTable(
         title="as the engine counts them (vLLM's spec-decode metrics on this traffic, over the decode's steps)",
         columns=("K", "mean acceptance length", "draft acceptance rate", "per-position acceptance 1..K",
                  "A_1..A_K all anchors", "τ(K) all anchors"),
         rows=tuple(
-            (f"{k} ★" if k == kb else str(k), cell(o, "mean_acceptance_length", k - 1),
+            (k_label(report, k), cell(o, "mean_acceptance_length", k - 1),
              num(v.draft_acceptance_rate[k - 1]), " ".join(num(x, 2) for x in v.per_position_acceptance[k - 1, :k]),
              " ".join(num(x, 2) for x in v.accept_rate[:k]), num(v.tau[k - 1]))
             for k in range(1, K + 1)
@@ -282,7 +384,7 @@ def drafter_tables(report: Report) -> list[TextTable]:
     context_rows.sort(key=lambda r: ([n for _, _, n in CONTEXT_BINS].index(r[0]), names.index(r[1])))
     return [ranking, speedups,
             TextTable(title="drafters by segment of the drafted token (at each drafter's best K)",
-                      columns=("segment", "drafter", "anchors", "α_1..α_K", "τ(K) vLLM"), rows=tuple(segment_rows),
+                      columns=("segment", "drafter", "anchors", "α_1..α_K", "τ(K) formula"), rows=tuple(segment_rows),
                       caption="no τ_sim by segment: a decode walk crosses segments"),
             TextTable(title="drafters by context length at the anchor (at each drafter's best K)",
                       columns=("context", "drafter", "anchors", "α_1", "τ_sim(K)", "speedup"), rows=tuple(context_rows))]
@@ -303,6 +405,9 @@ def batch_lines(report: Report) -> list[str]:
     if config is None:
         lines.append("vLLM schedule: no K pays at any batch size in the table "
                      f"(num_speculative_tokens_per_batch_size {b.schedule_text}): serve without --speculative-config")
+    elif not report.verdict.serves:
+        lines.append(f"vLLM schedule (num_speculative_tokens_per_batch_size {b.schedule_text}): not recommended, the "
+                     f"verdict is {report.verdict.status} and its K to run is 0")
     else:
         lines.append(f"vLLM schedule: --speculative-config '{json_text(config)}'")
     return lines
@@ -344,7 +449,9 @@ def batch_table(report: Report) -> TextTable:
                  "1 + K·c_B + v_B(K), the τ_sim(K) at which speculation pays nothing"
                  + ("; bound: decode / verify of Kmax+1 tokens / draft step on the roofline, m memory-bound, c compute-bound"
                     if t.bound is not None else "")
-                 + f". vLLM num_speculative_tokens_per_batch_size: {b.schedule_text}"),
+                 + ". vLLM num_speculative_tokens_per_batch_size"
+                 + ("" if report.verdict.serves else f" (not recommended: the verdict is {report.verdict.status}, its K "
+                                                      "to run 0)") + f": {b.schedule_text}"),
     )
 
 
@@ -361,7 +468,7 @@ def delta_tables(report: Report, comparison: Comparison) -> list[TextTable]:
     what_if = [i for i, p in enumerate(comparison.profiles) if p in shown]
     by_k = TextTable(
         title="Δ by K (current - baseline, token-weighted)",
-        columns=("K", "Δα_k", "ΔA_k", "Δτ_sim(K)", "Δspeedup", "Δτ(K) vLLM", *[f"Δτ_{comparison.profiles[i]} est" for i in what_if]),
+        columns=("K", "Δα_k", "ΔA_k", "Δτ_sim(K)", "Δspeedup", "Δτ(K) formula", *[f"Δτ_{comparison.profiles[i]} est" for i in what_if]),
         rows=tuple(
             (str(k), delta_cell(d, "alpha", k - 1, f"alpha@k={k}"), delta_cell(d, "accept_rate", k - 1, f"accept_rate@k={k}"),
              delta_cell(d, "tau_sim", k - 1, f"tau_sim@K={k}"), delta_cell(d, "speedup", k - 1, f"speedup@K={k}"),
@@ -375,7 +482,7 @@ def delta_tables(report: Report, comparison: Comparison) -> list[TextTable]:
     )
     segments = TextTable(
         title=f"Δ by segment (at K = {kb})",
-        columns=("segment", "anchors (cur / base)", "Δα_1", "Δτ(K) vLLM", "Δon-policy"),
+        columns=("segment", "anchors (cur / base)", "Δα_1", "Δτ(K) formula", "Δon-policy"),
         rows=tuple((s.name, f"{s.current.anchors} / {s.baseline.anchors}", delta_cell(s, "alpha", 0, "alpha@k=1"),
                     delta_cell(s, "tau", kb - 1, f"tau@K={kb}"), delta_cell(s, "on_policy", (), "on_policy"))
                    for s in comparison.segments),
@@ -420,145 +527,69 @@ def column_groups(columns: list[str], rows: list[list[str]], width: int) -> list
     return groups + [current]
 
 
-def print_rich(report: Report, comparison: Comparison | None, console) -> None:
+def blocks(report: Report, comparison: Comparison | None = None, details: bool = False) -> list:
+    """What the report prints, in order: lines (str) and tables (TextTable); the first screen, then with details
+    every table and note."""
+    out = first_screen(report, comparison)
+    if details:
+        out += detail_lines(report, comparison) + report_tables(report, comparison) + [f"note: {n}" for n in report.notes]
+    return out
+
+
+def print_table(t: TextTable, console) -> None:
     from rich.table import Table
 
-    for line in header_lines(report, comparison):
-        prose(console, line)
-    for t in report_tables(report, comparison):
-        groups = column_groups(t.columns, t.rows, console.width)
-        for n, group in enumerate(groups):
-            last = n == len(groups) - 1
-            title = t.title if n == 0 else f"{t.title} (continued)"
-            caption = (t.caption or None) if last and len(groups) == 1 else None
-            table = Table(title=literal(title), caption=literal(caption) if caption else None, title_justify="left")
-            for i in group:
-                table.add_column(literal(t.columns[i]), justify="left" if i == 0 else "right", no_wrap=True)
-            for row in t.rows:
-                table.add_row(*[literal(row[i]) for i in group])
-            console.print(table)
-        if len(groups) > 1 and t.caption:  # the whole width, not the last part's
-            prose(console, t.caption, "dim")
-    for note in report.notes:
-        prose(console, f"note: {note}", "yellow")
-    colour = {"GO": "bold green", "NO-GO": "bold red", "UNRELIABLE": "bold yellow"}[report.verdict.status]
-    prose(console, verdict_line(report), colour)
+    groups = column_groups(t.columns, t.rows, console.width)
+    for n, group in enumerate(groups):
+        last = n == len(groups) - 1
+        title = t.title if n == 0 else f"{t.title} (continued)"
+        caption = (t.caption or None) if last and len(groups) == 1 else None
+        table = Table(title=literal(title), caption=literal(caption) if caption else None, title_justify="left")
+        for i in group:
+            table.add_column(literal(t.columns[i]), justify="left" if i == 0 else "right", no_wrap=True)
+        for row in t.rows:
+            table.add_row(*[literal(row[i]) for i in group])
+        console.print(table)
+    if len(groups) > 1 and t.caption:  # the whole width, not the last part's
+        prose(console, t.caption, "dim")
 
 
-def markdown(report: Report, comparison: Comparison | None = None) -> str:
-    """GitHub-flavoured Markdown, e.g. for $GITHUB_STEP_SUMMARY."""
+STATUS_STYLE = {"GO": "bold green", "NO-GO": "bold red", "UNRELIABLE": "bold yellow"}
+
+
+def print_rich(report: Report, comparison: Comparison | None, console, details: bool = False) -> None:
+    colour = STATUS_STYLE[report.verdict.status]
+    for i, item in enumerate(blocks(report, comparison, details)):
+        if isinstance(item, TextTable):
+            print_table(item, console)
+        else:
+            style = colour if i == 0 else ("yellow" if item.startswith("note: ") else None)
+            prose(console, item, style)
+
+
+def markdown(report: Report, comparison: Comparison | None = None, details: bool = False) -> str:
+    """GitHub-flavoured Markdown, e.g. for $GITHUB_STEP_SUMMARY: the verdict as the heading, then the same lines
+    and tables as the terminal's."""
     v = report.verdict
     md = markdown_literal
-    # Titles, columns and captions are this module's own text; header lines (paths), notes and cells (session
-    # ids) carry the user's. The verdict line is a code span: a parsed gate and numbers only.
-    out = [f"## mtp-observe: **{v.status}**", "", f"`{verdict_line(report)}`", ""]
-    out += [f"- {md(line)}" for line in header_lines(report, comparison)]
-    out += [f"- {md('note: ' + n)}" for n in report.notes]
-    for t in report_tables(report, comparison):
-        out += ["", f"### {t.title}", "", "| " + " | ".join(t.columns) + " |",
-                "|" + "|".join(":---" if i == 0 else "---:" for i in range(len(t.columns))) + "|"]
-        out += ["| " + " | ".join(md(c) for c in row) + " |" for row in t.rows]
-        if t.caption:
-            out += ["", f"_{t.caption}_"]
+    # Titles, columns and captions are this module's own text; lines (paths, commands), notes and cells (session
+    # ids) carry the user's.
+    items = blocks(report, comparison, details)
+    out = [f"## mtp-observe: **{v.status}** · K to run {v.run_k}", "", f"**{md(items[0])}**", ""]
+    for item in items[1:]:
+        if isinstance(item, TextTable):
+            out += ["", f"### {item.title}", "", "| " + " | ".join(item.columns) + " |",
+                    "|" + "|".join(":---" if i == 0 else "---:" for i in range(len(item.columns))) + "|"]
+            out += ["| " + " | ".join(md(c) for c in row) + " |" for row in item.rows]
+            if item.caption:
+                out += ["", f"_{item.caption}_"]
+            out.append("")
+        elif item.startswith("serve ") and ": " in item:  # the serve line: its command as code
+            lead, command = item.split(": ", 1)
+            out.append(f"- {md(lead)}: `{visible(command)}`")
+        elif item.startswith("  "):  # a next-step command, or a serve line's continuation: as code
+            text = visible(item.strip())
+            out.append(f"    - `{text}`" if "`" not in text else f"    - {md(text)}")
+        else:
+            out.append(f"- {md(item)}")
     return "\n".join(out) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------
-# The picture
-
-
-def plot(report: Report, path: str | Path, comparison: Comparison | None = None) -> Path:
-    """Two panels: acceptance by depth (α_k, A_k) and τ, τ_sim, speedup versus K, each with its interval; with
-    more than one drafter, a third: every drafter's speedup versus K (its own cost), with its band."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    o, K, kb, v = report.overall, report.k, report.best_k, report.verdict
-    ks = np.arange(1, K + 1)
-    several = len(report.drafters) > 1
-    by_batch = report.batch is not None and len(report.batch.times.batch) > 1
-    n = 2 + several + by_batch
-    fig = Figure(figsize=(5.5 * n, 4.4), layout="constrained")
-    FigureCanvasAgg(fig)
-    panels = list(fig.subplots(1, n))
-    left, right = panels[0], panels[1]
-    third = [panels[-1]] if by_batch else []
-    if several:
-        ax = panels[2]
-        colours = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
-        for i, d in enumerate(report.drafters):
-            colour = colours[i % len(colours)]
-            if d.overall.lo is not None:
-                ax.fill_between(ks, d.overall.lo.speedup, d.overall.hi.speedup, color=colour, alpha=0.15, linewidth=0)
-            ax.plot(ks, d.overall.value.speedup, marker="o", color=colour, linewidth=2,
-                    label=f"{d.name}  c = {d.cost.c:.3f}" + (" (judged)" if d.judged else ""))
-        ax.axhline(1.0, color="grey", linewidth=1, linestyle=":")
-        ax.set(title="speedup vs K, every drafter (95% bands)", xlabel="draft length K", ylabel="speedup ×", xticks=ks)
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper left", fontsize=8)
-
-    def with_bars(ax, x, field, label, colour, marker, index=slice(None)):
-        y = getattr(o.value, field)[index]
-        if o.lo is not None:
-            lo, hi = getattr(o.lo, field)[index], getattr(o.hi, field)[index]
-            ax.fill_between(x, lo, hi, color=colour, alpha=0.18, linewidth=0)
-        ax.plot(x, y, marker=marker, color=colour, label=label, linewidth=2)
-
-    with_bars(left, ks, "alpha", "α_k  conditional: accepted(k) / accepted(k-1)", "#1f77b4", "o")
-    with_bars(left, ks, "accept_rate", "A_k  unconditional: accepted(k) / evaluable(k)", "#ff7f0e", "s")
-    if comparison is not None:
-        base = comparison.overall.baseline.value
-        kc = np.arange(1, comparison.k + 1)
-        left.plot(kc, base.alpha[: comparison.k], "--", color="#1f77b4", alpha=0.6, label="α_k baseline")
-        left.plot(kc, base.accept_rate[: comparison.k], "--", color="#ff7f0e", alpha=0.6, label="A_k baseline")
-    left.set(title="Acceptance by depth (95% bootstrap bands)", xlabel="depth k", ylabel="acceptance rate",
-             ylim=(0, 1.02), xticks=ks)
-    left.grid(alpha=0.3)
-    left.legend(loc="lower left", fontsize=8)
-
-    with_bars(right, ks, "tau", "τ(K)  vLLM's mean acceptance length (per-position)", "#2ca02c", "o")
-    with_bars(right, ks, "tau_sim", "τ_sim(K)  simulated decode (the verdict's τ)", "#9467bd", "^")
-    with_bars(right, ks, "speedup", f"speedup(K) = τ_sim / cost,  c = {report.cost.c:.3f} ({report.cost.source})", "#d62728", "s")
-    if comparison is not None:
-        kc = np.arange(1, comparison.k + 1)
-        right.plot(kc, comparison.overall.baseline.value.speedup[: comparison.k], "--", color="#d62728", alpha=0.6,
-                   label="speedup baseline")
-    right.axhline(1.0, color="grey", linewidth=1, linestyle=":", label="1× (no speedup)")
-    if v.enforced and v.gate.metric in ("speedup", "tau_sim"):
-        right.axhline(v.gate.threshold, color="black", linewidth=1, linestyle="--", label=f"gate {v.gate.text}")
-    right.plot([kb], [o.value.speedup[kb - 1]], marker="*", markersize=16, color="#d62728", linestyle="none",
-               label=f"best K = {kb}")
-    right.set(title="τ and projected speedup vs K (95% bands)", xlabel="draft length K",
-              ylabel="τ: tokens per target step;  speedup: ×", xticks=ks)
-    right.grid(alpha=0.3)
-    right.legend(loc="upper left", fontsize=8)
-    if third:
-        plot_batch(third[0], report)
-    gate = v.gate.text if v.enforced else "no gate"
-    judged = f" [{report.drafter}]" if several else ""
-    fig.suptitle(f"{report.path.name}{judged}: {plural(len(report.sessions), 'session')}, {plural(o.anchors, 'anchor')}, on-policy "
-                 f"{num(o.value.on_policy)} — {v.status} ({gate})", fontsize=11)
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    return path
-
-
-def plot_batch(ax, report: Report) -> None:
-    """speedup(K, B) versus batch size, one line per K with τ_sim's band; the gated batch size marked."""
-    b = report.batch
-    x = np.array(b.times.batch, dtype=float)
-    colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
-    for k in range(1, report.k + 1):
-        colour = colours[(k - 1) % len(colours)]
-        if b.lo is not None:
-            ax.fill_between(x, b.lo[:, k - 1], b.hi[:, k - 1], color=colour, alpha=0.15, linewidth=0)
-        ax.plot(x, b.value[:, k - 1], marker="o", color=colour, label=f"K = {k}", linewidth=2)
-    ax.axhline(1.0, color="grey", linewidth=1, linestyle=":", label="1× (no speculation)")
-    for g in b.gated:
-        ax.axvline(g, color="black", linewidth=1, linestyle="--", alpha=0.5)
-    ax.set_xscale("log", base=2)
-    ax.set(title=f"speedup vs batch size ({b.times.source}; gate at B = {', '.join(map(str, b.gated))})",
-           xlabel="batch size B (sequences per step)", ylabel="speedup(K, B): ×")
-    ax.set_xticks(x, [str(int(v)) for v in x])
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8)

@@ -218,7 +218,8 @@ def test_the_report_tables_speedup_by_batch_size_from_the_roofline_with_tau_sims
     config = b["speculative_config"]
     assert config["method"] == "mtp" and config["num_speculative_tokens"] == max(b["best_k"])
     assert data["cost"]["c"] == pytest.approx(b["draft_cost"][0])  # batch 1's c, as before batch sizes
-    md = cli("report", str(run), "--device-spec", "h200", "--format", "markdown").stdout
+    assert data["verdict"]["serves"]  # the schedule's config is written only for a verdict that serves
+    md = cli("report", str(run), "--device-spec", "h200", "--format", "markdown", "--details").stdout
     assert "### speedup by batch size" in md and "num_speculative_tokens_per_batch_size" in md
 
 
@@ -241,12 +242,12 @@ def test_the_gate_over_a_batch_range_is_judged_at_each_size_and_binds_at_the_wor
 def test_when_no_k_beats_one_the_best_k_is_zero_and_the_schedule_says_so(tmp_path):
     run = write_run(tmp_path / "run", hand_run_sessions(), k=2, draft_cost=3.0)
     data = report_json(run)
-    assert data["best"]["serve_k"] == 0 and data["best"]["k"] == 1 and data["best"]["speedup"] < 1
+    assert data["verdict"]["run_k"] == 0 and data["best"]["k"] == 1 and data["best"]["speedup"] < 1
     assert data["batch"]["best_k"] == [0]
     assert data["batch"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 0]]
     assert data["batch"]["speculative_config"] is None
-    text = cli("report", str(run)).stdout
-    assert "best K = 0 (no speculation" in text and "serve without --speculative-config" in text
+    text = cli("report", str(run), "--details").stdout
+    assert "K to run: 0" in text.splitlines()[0] and "serve without --speculative-config" in text
 
 
 def test_a_run_without_geometry_or_checkpoint_has_a_batch_one_table_and_says_why(tmp_path):
@@ -295,8 +296,9 @@ def test_the_plot_gains_a_speedup_by_batch_size_panel_when_the_table_has_batch_s
     for run, name in ((by_batch, "three.png"), (batch_one, "two.png")):
         r = cli("report", str(run), "--plot", str(tmp_path / name), "--format", "json")
         assert r.returncode == 0, r.stderr
-    # three panels (acceptance, τ and speedup by K, speedup by batch size) against two: 16.5 in against 11 in at 120 dpi
-    assert width(tmp_path / "three.png") == 1980 and width(tmp_path / "two.png") == 1320
+    # four panels (acceptance, tokens per step, speedup, speedup by batch size) against three: 20 in against 15 in at
+    # 110 dpi
+    assert width(tmp_path / "three.png") == 2200 and width(tmp_path / "two.png") == 1650
 
 
 def test_the_readmes_cpu_probe_table_is_flagged_as_cpu_and_its_schedule_is_its_best_ks():

@@ -395,7 +395,7 @@ def test_the_report_ranks_every_drafter_with_its_own_cost_and_judges_the_one_ask
     assert other["drafters"]["judged"] == "suffix" and other["verdict"]["value"] == pytest.approx(
         drafters["by_drafter"]["suffix"]["overall"]["value"]["speedup"][other["verdict"]["k"] - 1])
     assert other["recorded_with"]["name"] == data["recorded_with"]["name"]  # the same traffic, the same check
-    md = cli("report", every_drafter, "--format", "markdown", "--plot", tmp_path / "p.png")
+    md = cli("report", every_drafter, "--format", "markdown", "--plot", tmp_path / "p.png", "--details")
     assert md.returncode == 0 and "which drafter, at which K, on this traffic" in md.stdout
     assert "speedup by K and drafter" in md.stdout and "drafters by context length" in md.stdout
     assert (tmp_path / "p.png").stat().st_size > 10_000
@@ -429,14 +429,17 @@ def test_export_writes_the_winning_drafters_config_and_says_which(every_drafter)
     report = json.loads(cli("report", every_drafter, "--format", "json").stdout)
     ranking = [r["drafter"] for r in report["drafters"]["ranking"]]
     served = next(name for name in ranking if name in ("mtp", "ngram", "suffix"))
-    exported = cli("export", every_drafter, "--engine", "vllm")
-    assert exported.returncode == 0, exported.stderr
+    status = json.loads(cli("report", every_drafter, "--drafter", served, "--format", "json").stdout)["verdict"]["status"]
+    refused = cli("export", every_drafter, "--engine", "vllm")  # export follows the verdict: a tiny random model's is no GO
+    assert status != "GO" and refused.returncode == 1 and refused.stderr.startswith(f"not exported: {status}")
+    exported = cli("export", every_drafter, "--engine", "vllm", "--force")
+    assert exported.returncode == 0 and "not recommended" in exported.stderr, exported.stderr
     config = json.loads(exported.stdout)["speculative_config"]
     assert config["method"] == served and config["num_speculative_tokens"] == report["drafters"]["by_drafter"][served]["best"]["k"]
     assert exported.stderr.startswith(f"exporting {served}: the best drafter of the run's ranking")
     assert (f"({ranking[0]} ranks first)" in exported.stderr) == (served != ranking[0])
-    profile = cli("export", every_drafter, "--engine", "speculation-profile")  # takes any drafter: the winner itself
+    profile = cli("export", every_drafter, "--engine", "speculation-profile", "--force")  # any drafter: the winner itself
     assert profile.returncode == 0 and json.loads(profile.stdout)["method"] == ranking[0], profile.stderr
-    chosen = cli("export", every_drafter, "--engine", "vllm", "--drafter", "mtp")
+    chosen = cli("export", every_drafter, "--engine", "vllm", "--drafter", "mtp", "--force")
     assert chosen.returncode == 0 and json.loads(chosen.stdout)["speculative_config"]["method"] == "mtp"
     assert "exporting" not in chosen.stderr

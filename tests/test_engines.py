@@ -83,9 +83,10 @@ def test_the_engine_counted_rates_differ_from_the_all_anchor_rates_and_are_repor
 
 
 def test_report_prints_the_serve_flags_of_its_verdict_and_the_engine_counted_numbers(big_run, reading):
-    r = cli("report", str(big_run), "--replicates", str(REPLICATES))
+    r = cli("report", str(big_run), "--replicates", str(REPLICATES), "--details")
     assert r.returncode == 0, r.stderr
-    k = reading.report.best_k
+    k = reading.report.verdict.run_k
+    assert reading.report.verdict.serves and k == reading.report.best_k  # GO: the K to run is the best K
     n = engine_numbers(reading.report, k)
     assert f"""--speculative-config '{{"method": "mtp", "num_speculative_tokens": {k}}}'""" in r.stdout
     assert (f"--speculative-algorithm NEXTN --speculative-num-steps {k} --speculative-eagle-topk 1 "
@@ -97,15 +98,20 @@ def test_report_prints_the_serve_flags_of_its_verdict_and_the_engine_counted_num
 def test_the_serve_lines_say_what_each_verdict_stands_for(big_run, tmp_path):
     from dataclasses import replace
 
-    from mtp_observe.engines import serve_lines
+    from mtp_observe.engines import serve_lines, what_if_lines
 
     report = read_and_summarize(big_run, replicates=50).report
     k = report.best_k
+    assert report.verdict.status == "GO" and report.verdict.run_k == k
     flags = f"""--speculative-config '{{"method": "mtp", "num_speculative_tokens": {k}}}'"""
-    for status, lead in (("GO", f"GO serves MTP at K={k}:"), ("NO-GO", "NO-GO: serve without speculative decoding"),
-                         ("UNRELIABLE", "UNRELIABLE: no configuration yet")):
-        lines = serve_lines(replace(report, verdict=replace(report.verdict, status=status)))
-        assert lines[0].startswith(lead) and flags in lines[0] and f"--speculative-num-draft-tokens {k + 1}" in lines[1]
+    lines = serve_lines(report)
+    assert lines[0].startswith(f"serve MTP at K={k}:") and flags in lines[0]
+    assert f"--speculative-num-draft-tokens {k + 1}" in lines[1] and what_if_lines(report) == []
+    for status in ("NO-GO", "UNRELIABLE"):  # nothing enables speculation; the what-if says it is not recommended
+        other = replace(report, verdict=replace(report.verdict, status=status, run_k=0))
+        assert serve_lines(other) == []
+        (what_if,) = what_if_lines(other)
+        assert what_if.startswith(f"not recommended ({status}, K to run 0): MTP at the best K={k} would be:") and flags in what_if
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,10 +272,41 @@ def test_compare_on_prometheus_text_ten_points_lower_exits_1_with_the_reason(big
     f.write_text(prometheus(n, shift=-0.10))
     r = cli("compare", str(big_run), "--engine-metrics", str(f), "--replicates", str(REPLICATES))
     assert r.returncode == 1, (r.stdout, r.stderr)
-    assert "DISAGREES" in r.stdout and "outside the run's 95% intervals" in r.stdout
-    assert "engine or checkpoint bug" in r.stdout
+    assert "DISAGREES" in r.stdout and "differ from the run's by more than the engine's counting noise" in r.stdout
+    assert "engine or checkpoint bug" in r.stdout and r.stdout.startswith("run verdict: GO · K to run: 4")
     result = check(reading.report, read_engine_metrics(f.read_text(), str(f)))
     assert not any(row.within for row in result.rows)  # every position and the mean acceptance length
+
+
+def test_compare_opens_with_the_verdict_report_gives_under_the_same_options(big_run, reading, tmp_path):
+    f = tmp_path / "metrics.txt"
+    f.write_text(prometheus(engine_numbers(reading.report)))
+    for options, status in ((("--gate", "speedup>=9"), "NO-GO"), (("--min-sessions", "50"), "UNRELIABLE")):
+        data = json.loads(cli("report", str(big_run), *options, "--format", "json", "--replicates", "50").stdout)
+        assert data["verdict"]["status"] == status and data["verdict"]["run_k"] == 0
+        r = cli("compare", str(big_run), "--engine-metrics", str(f), *options, "--replicates", "50")
+        # the header is the report's verdict; on the very tokens, too few sessions or a gate not cleared do not
+        # stop the counters from agreeing with the run
+        assert r.returncode == 0 and r.stdout.startswith(f"run verdict: {data['verdict']['headline']}"), (r.stdout, r.stderr)
+        assert "AGREES" in r.stdout and "does not predict" not in r.stdout
+    other = cli("compare", str(big_run), "--engine-metrics", str(f), "--min-sessions", "50", "--traffic", "other",
+                "--replicates", "50")  # for other traffic, 40 sessions below --min-sessions 50 do not speak for it
+    assert other.returncode == 0 and "does not predict the engine's traffic" in other.stdout, other.stdout
+
+
+def test_on_an_unreliable_run_compare_says_the_run_does_not_predict_the_engines_traffic(tmp_path):
+    foreign = {"thinking": (0.9, 0.4, 0.5, 0.2), "instruct": (1.0, 0.8, 0.5, 0.2), "greedy": (0.55, 0.55, 1.0, 0.0)}
+    run = write_run(tmp_path / "foreign", random_sessions(40, 4, 0.7, seed=1, fit_rates=foreign), k=4, draft_cost=0.08)
+    report = read_and_summarize(run, replicates=REPLICATES).report
+    assert report.verdict.status == "UNRELIABLE" and [c.name for c in report.verdict.causes] == ["sampler"]
+    f = tmp_path / "metrics.txt"
+    f.write_text(prometheus(engine_numbers(report), shift=-0.10))
+    for traffic in ("same", "other"):
+        r = cli("compare", str(run), "--engine-metrics", str(f), "--traffic", traffic, "--replicates", str(REPLICATES))
+        assert r.returncode == 1 and "DISAGREES" in r.stdout, (r.stdout, r.stderr)
+        assert r.stdout.startswith("run verdict: UNRELIABLE · K to run: 0")
+        assert "does not predict the engine's traffic" in r.stdout and "says nothing about the engine" in r.stdout
+        assert "engine or checkpoint bug" not in r.stdout and "mtp-observe generate" in r.stdout  # its next step
 
 
 def test_compare_reads_vllm_per_request_responses_and_sglang_log_lines(reading):

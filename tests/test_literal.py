@@ -47,7 +47,9 @@ def assert_literal(output: str) -> None:
 
 
 def test_the_report_table_shows_a_session_id_literally(evil_run):
-    r = run_cli("report", evil_run, env={"COLUMNS": "300", "PATH": ""})
+    first = run_cli("report", evil_run, env={"COLUMNS": "300", "PATH": ""})  # the first screen names no session
+    assert first.returncode == 0 and "\x1b" not in first.stdout and "\x07" not in first.stdout, first.stderr
+    r = run_cli("report", evil_run, "--details", env={"COLUMNS": "300", "PATH": ""})  # the session table
     assert r.returncode == 0, r.stderr
     assert_literal(r.stdout)
     row = next(line for line in r.stdout.splitlines() if SHOWN in line)
@@ -63,7 +65,7 @@ def test_the_heatmap_shows_a_session_id_and_decoded_text_literally(evil_run):
 def test_markdown_output_escapes_a_session_id(evil_run):
     from mtp_observe.literal import markdown_literal
 
-    r = run_cli("report", evil_run, "--format", "markdown")
+    r = run_cli("report", evil_run, "--format", "markdown", "--details")  # the session table is a detail
     assert r.returncode == 0, r.stderr
     row = next(line for line in r.stdout.splitlines() if "thumbs" in line)
     assert markdown_literal(EVIL) in row and "\x1b" not in r.stdout
@@ -129,7 +131,7 @@ def test_session_ids_with_rich_markup_print_as_the_id_in_the_heatmap_and_in_mark
         assert console.export_text().splitlines()[0] == f"session {sid} — each token coloured by the accepted length at its anchor"
         r = run_cli("report", run, "--heatmap", sid, env={"COLUMNS": "200", "PATH": ""})
         assert r.returncode == 0 and r.stdout.startswith(f"session {sid} — each token coloured"), r.stderr
-    markdown = run_cli("report", run, "--format", "markdown").stdout
+    markdown = run_cli("report", run, "--format", "markdown", "--details").stdout  # the session table is in the details
     cells = [line.split(" | ")[0].removeprefix("| ") for line in markdown.splitlines() if line.startswith("| \\[")]
     unescape = lambda cell: re.sub(r"\\(.)", r"\1", cell)  # CommonMark: a backslash before punctuation is the character
     assert sorted(map(unescape, cells)) == sorted(MARKUP_IDS * (len(cells) // len(MARKUP_IDS))) and cells, cells

@@ -116,7 +116,7 @@ def test_the_quickstart_commands_run_as_written(tmp_path):
         r = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, env=env)
         assert r.returncode == 0, (command, r.stderr[-2000:])
         assert r.stderr.count("error:") == 0, r.stderr
-    assert "verdict" in r.stdout.lower() and len(list((tmp_path / "reports").iterdir())) == 1
+    assert r.stdout.startswith("UNRELIABLE · K to run: 0") and len(list((tmp_path / "reports").iterdir())) == 1
     # The demo's report, stored before report.py became a package (tests/golden.py): every format byte-identical.
     [run] = list((tmp_path / "reports").iterdir())
     places = {str(ROOT / "mtp_observe" / "default_model"): "MODEL", str(tmp_path): "TMP"}
@@ -125,3 +125,16 @@ def test_the_quickstart_commands_run_as_written(tmp_path):
                            text=True, env={**env, "COLUMNS": "100"})
         assert r.returncode == 0, r.stderr
         check_golden(f"demo_report.{fmt}", normalise(r.stdout, places))
+    first_screen_matches_the_readme()
+
+
+def first_screen_matches_the_readme() -> None:
+    """The README's first screen is the demo's (tests/golden/demo_report.table at 100 columns), line for line, and
+    that screen fits: at most 45 lines, the verdict in the first."""
+    table = (ROOT / "tests" / "golden" / "demo_report.table").read_text().splitlines()
+    assert len(table) <= 45 and table[0].startswith("UNRELIABLE · K to run: 0")
+    block = README.split("<!-- first screen", 1)[1].split("```", 2)[1].strip("\n").splitlines()
+    def same(line: str) -> str:
+        line = re.sub(r"(TMP/)?reports/run-[\w-]+", "RUN", line)
+        return re.sub(r"\S*default_model|MODEL", "MODEL", line).rstrip()
+    assert [same(x) for x in block] == [same(x) for x in table[: len(block)]] and len(block) >= 10

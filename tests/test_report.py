@@ -286,8 +286,9 @@ def test_the_bootstrap_is_deterministic_for_a_seed_and_moves_with_it(big_run):
 def test_two_sessions_of_three_turns_are_too_few_for_any_interval_and_make_no_verdict(hand_run):
     report = summary(hand_run, replicates=200, seed=3, gate=parse_gate("speedup>=0.5"))
     assert report.resampling.unit == "none" and any("too few to resample" in n for n in report.notes)
-    assert report.overall.lo is None and report.verdict.status == "UNRELIABLE" and "no interval" in report.verdict.reason
-    assert report.verdict.exit_code == 1
+    assert report.overall.lo is None and report.verdict.status == "UNRELIABLE"
+    assert [c.name for c in report.verdict.causes] == ["sessions", "interval"]  # every cause, in order
+    assert "no interval" in report.verdict.causes[1].reason and report.verdict.exit_code == 1
 
 
 def test_turn_resampling_draws_each_sessions_own_turns(runs):
@@ -517,13 +518,16 @@ def test_conflicting_or_missing_draft_costs_are_one_line(hand_run, runs, tmp_pat
 
 
 REPORT_KEYS = {"report_version", "run", "cost", "bootstrap", "k", "overall", "best", "on_policy", "recorded_with", "verdict",
-               "slices", "notes", "baseline", "speculative_check", "drafters", "batch"}
+               "slices", "notes", "baseline", "speculative_check", "drafters", "batch",
+               "trees", "configurations", "layer_rules"}
 BATCH_KEYS = {"source", "detail", "unit", "batch_sizes", "context", "k", "speedup", "speedup_lo", "speedup_hi", "best_k",
               "break_even_tau", "draft_cost", "verify_extra", "target_step", "draft_step", "bound", "flags", "notes",
               "experts", "gated", "binding", "num_speculative_tokens_per_batch_size", "speculative_config"}
 COST_KEYS = {"source", "c", "verify_extra", "detail", "batch", "gated_c", "gated_verify_extra"}
 RATES_KEYS = {"alpha", "accept_rate", "tau", "tau_sim", "tau_profile", "speedup", "speedup_profile", "on_policy", "support",
               "calibration", "fit_z", "log_likelihood", "mean_acceptance_length", "draft_acceptance_rate", "per_position_acceptance"}
+VERDICT_KEYS = {"status", "run_k", "serves", "k", "headline", "reason", "gate", "enforced", "metric", "threshold", "value",
+                "lower", "exit_code", "sessions", "min_sessions", "interval", "causes", "next_steps", "batch", "batches"}
 RECORDED_KEYS = {"name", "label", "declared", "fits", "support", "calibration", "z", "tokens", "own_sessions", "reason",
                  "rule", "candidates"}
 
@@ -533,18 +537,17 @@ def test_the_json_has_stable_documented_keys(hand_run):
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["report_version"] == 3
-    assert set(data) == REPORT_KEYS
+    assert set(data) == REPORT_KEYS and list(data)[:2] == ["report_version", "verdict"]  # the verdict first
     assert set(data["overall"]) == {"name", "anchors", "sessions", "value", "lo", "hi", "session_weighted"}
     assert set(data["overall"]["value"]) == RATES_KEYS
     assert set(data["overall"]["value"]["tau_profile"]) == {"thinking", "instruct", "greedy"}
     assert set(data["slices"]) == {"segment", "context", "turn", "session"}
     assert [s["name"] for s in data["slices"]["context"]] == ["0-4k"]
-    assert set(data["verdict"]) == {"status", "gate", "enforced", "metric", "threshold", "k", "value", "lower", "reason",
-                                    "exit_code", "batch", "batches"}
+    assert set(data["verdict"]) == VERDICT_KEYS
     assert set(data["batch"]) == BATCH_KEYS and set(data["cost"]) == COST_KEYS
     assert set(data["recorded_with"]) == RECORDED_KEYS
     assert set(data["best"]) == {"k", "speedup", "speedup_lo", "speedup_hi", "tau_sim", "tau_sim_lo", "tau_sim_hi", "tau",
-                                 "tau_lo", "tau_hi", "serve_k", "batch"}
+                                 "tau_lo", "tau_hi", "batch"}
     assert data["best"]["tau_sim"] == pytest.approx(11 / 5)  # the verdict's τ at the best K = 2
     assert data["best"]["speedup"] == pytest.approx((11 / 5) / 1.2)
     assert data["overall"]["value"]["tau"] == pytest.approx([1 + 7 / 11, 1 + 7 / 11 + 3 / 8])
@@ -553,31 +556,31 @@ def test_the_json_has_stable_documented_keys(hand_run):
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("### `report` JSON"):]
     for key in (REPORT_KEYS | RATES_KEYS | RECORDED_KEYS | BATCH_KEYS | COST_KEYS
-                | {"context", "unit", "schema_version", "shared", "paired", "serve_k", "batches"}):
+                | VERDICT_KEYS | {"context", "unit", "schema_version", "shared", "paired", "batches"}):
         assert f"`{key}`" in section, f"README's report JSON section does not document {key}"
 
 
 def test_markdown_has_the_verdict_and_one_table_row_per_k(big_run):
-    r = cli("report", str(big_run), "--format", "markdown", "--gate", "speedup>=1.2")
+    r = cli("report", str(big_run), "--format", "markdown", "--gate", "speedup>=1.2", "--details")
     assert r.returncode == 0, r.stderr
     text = r.stdout
-    assert text.startswith("## mtp-observe: **GO**")
+    assert text.startswith("## mtp-observe: **GO** · K to run 4")
     table = text[text.index("| K | α_k |"):].split("\n\n")[0].splitlines()
     assert len(table) == 2 + 4 and table[2 + 3].startswith("| 4")  # header, rule, K = 1..4
     assert "### by segment of the drafted token" in text and "### by turn" in text and "### by session" in text
 
 
 def test_the_table_format_shows_every_k_slice_and_the_verdict(mixed_run):
-    r = cli("report", str(mixed_run), "--gate", "tau_sim>=1.2")
+    r = cli("report", str(mixed_run), "--gate", "tau_sim>=1.2", "--details")
     assert r.returncode == 0, r.stderr
-    for text in ("τ_sim(K)", "τ(K) vLLM", "τ_thinking est", "★", "recording sampler", "by segment", "by context length",
-                 "0-4k", "by turn", "by session", "GO  [tau_sim>=1.2]"):
+    for text in ("τ_sim(K)", "τ(K) formula", "τ_thinking est", "★", "recording sampler", "by segment", "by context length",
+                 "0-4k", "by turn", "by session", "GO · K to run: 3 · gate tau_sim>=1.2, exit 0"):
         assert text in r.stdout, text
 
 
 def test_an_80_column_terminal_gets_each_table_continued_below_it_with_no_number_truncated(big_run):
-    wide = cli("report", str(big_run), "--replicates", "100")
-    narrow = cli("report", str(big_run), "--replicates", "100", env={"COLUMNS": "80"})
+    wide = cli("report", str(big_run), "--replicates", "100", "--details")
+    narrow = cli("report", str(big_run), "--replicates", "100", "--details", env={"COLUMNS": "80"})
     assert wide.returncode == narrow.returncode == 0, narrow.stderr
     table_lines = [line for line in narrow.stdout.splitlines() if line[:1] in "┏┃┡│└"]
     assert max(map(len, table_lines)) <= 80 and "…" not in narrow.stdout
@@ -619,7 +622,7 @@ def test_a_baseline_against_itself_changes_nothing_and_a_better_run_is_flagged(b
     assert "on_policy" not in d.flagged  # both runs 2% off-policy
     data = report_json(reading.report, reading.comparison)
     assert data["baseline"]["overall"]["flagged"] == list(d.flagged)
-    r = cli("report", str(better), "--baseline", str(big_run), "--format", "markdown", "--replicates", "200")
+    r = cli("report", str(better), "--baseline", str(big_run), "--format", "markdown", "--replicates", "200", "--details")
     assert r.returncode == 0 and "Δτ_sim(K)" in r.stdout and "⚑" in r.stdout
 
 
@@ -811,9 +814,11 @@ def test_the_verdict_is_unreliable_only_when_the_traffic_fits_no_sampler_and_the
     run = write_run(runs / "foreign", random_sessions(12, 2, 0.7, seed=3, fit_rates=fit), k=2)
     report = summary(run, replicates=200, gate=parse_gate("speedup>=0.5"))
     assert report.recording.name is None and report.verdict.status == "UNRELIABLE"
+    (cause,) = report.verdict.causes
+    assert cause.name == "sampler" and "fit none of the 3 samplers" in report.verdict.reason
     for text in ("fit no sampler", "thinking: support 0.900, calibration 0.800", "instruct: support 1.000, calibration 1.600",
                  "greedy: support 0.5"):
-        assert text in report.verdict.reason, text
+        assert text in cause.detail, text  # every statistic, for --details and the JSON
     # the same numbers with a sampler that fits: a verdict
     fit["instruct"] = (1.0, 0.5, 0.5, 0.2)
     ok = summary(write_run(runs / "own", random_sessions(12, 2, 0.7, seed=3, fit_rates=fit), k=2), replicates=200,
@@ -838,7 +843,7 @@ def test_an_interrupted_run_cannot_be_go(runs):
     report = summary(run, replicates=200, gate=parse_gate("speedup>=0.5"))
     assert report.overall.lo.speedup[report.best_k - 1] > 0.5  # the numbers alone would say GO
     assert report.verdict.status == "UNRELIABLE" and report.verdict.exit_code == 1
-    assert "run status is 'running'" in report.verdict.reason and "--resume" in report.verdict.reason
+    assert "status is 'running'" in report.verdict.reason and "--resume" in report.verdict.causes[0].steps[0]
     r = cli("report", str(run), "--gate", "speedup>=0.5")
     assert r.returncode == 1 and "UNRELIABLE" in r.stdout
 
@@ -851,7 +856,7 @@ def test_a_one_session_run_cannot_be_go_and_its_interval_resamples_its_turns(run
     report = summary(write_run(runs / "one", one, k=3), replicates=200, gate=parse_gate("speedup>=0.5"))
     lo, hi = report.overall.lo.speedup[report.best_k - 1], report.overall.hi.speedup[report.best_k - 1]
     assert report.resampling.unit == "turn" and 0.5 < lo < hi  # never a zero-width interval from one session
-    assert report.verdict.status == "UNRELIABLE" and "1 session" in report.verdict.reason
+    assert report.verdict.status == "UNRELIABLE" and "1 session, fewer than --min-sessions 10" in report.verdict.reason
     assert cli("report", str(runs / "one"), "--gate", "speedup>=0.5").returncode == 1
 
 
@@ -874,14 +879,14 @@ def test_a_baseline_over_different_session_sets_says_so_and_pairs_only_the_share
     data = report_json(reading.report, c)
     assert data["baseline"]["sessions"] == {"shared": 30, "only_current": 10, "only_baseline": 10, "paired": True,
                                             "note": c.note}
-    r = cli("report", str(partly), "--baseline", str(big_run), "--replicates", "100")
+    r = cli("report", str(partly), "--baseline", str(big_run), "--replicates", "100", "--details")
     assert r.returncode == 0 and "resampled jointly (paired)" in r.stdout
 
 
 def test_a_version_1_run_is_read_with_a_note_per_missing_feature_and_judged_by_greedy_on_policy(runs):
     run = write_run(runs / "v1", random_sessions(12, 2, 0.7, seed=9, off_policy_rate=0.02), k=2, version=1)
     report = summary(run, replicates=100)
-    assert sum("schema_version 1 run" in n for n in report.notes) == 2
+    assert sum("schema_version 1 run" in n for n in report.notes) == 3  # sampler sums, penalties, trees/layer rules
     rec = report.recording
     assert [c.name for c in rec.candidates] == ["greedy"] and rec.name == "greedy"
     assert rec.candidate("greedy").support == pytest.approx(float(report.overall.value.on_policy))
@@ -907,7 +912,7 @@ def test_context_slices_split_rows_by_the_anchor_position_and_long_sessions_are_
     assert by_name["4k-16k"].value.tau_sim[0] == pytest.approx(10 / 10)  # its turn: ten one-token steps
     assert any("exceed the checkpoint's max_position_embeddings (16,384" in n for n in report.notes)
     assert any("scales RoPE (yarn, factor 4.0)" in n for n in report.notes)
-    md = cli("report", str(run), "--format", "markdown")
+    md = cli("report", str(run), "--format", "markdown", "--details")
     assert "### by context length at the anchor" in md.stdout and "| 16k-32k |" in md.stdout
     data = json.loads(cli("report", str(run), "--format", "json").stdout)
     assert [s["name"] for s in data["slices"]["context"]] == ["0-4k", "4k-16k", "16k-32k"]

@@ -50,14 +50,14 @@ def test_heatmap_with_a_report_option_prints_the_report_and_then_the_session(han
 
 
 def test_on_an_80_column_terminal_prose_wraps_between_words_never_inside_one(hand):
-    from mtp_observe.presentation import header_lines, verdict_line
+    from mtp_observe.presentation import blocks
 
     run = load_run(hand)
     report = summarize(run, resolve_cost(run), replicates=50, seed=0)
-    prose = [*header_lines(report, None), *(f"note: {n}" for n in report.notes), verdict_line(report)]
+    prose = [line for line in blocks(report, None, details=True) if isinstance(line, str)]
     assert report.notes and max(len(p) for p in prose) > 80, "the test needs lines longer than the terminal"
     console = Console(record=True, width=80, force_terminal=True, color_system=None)
-    print_rich(report, None, console)
+    print_rich(report, None, console, details=True)
     print_terminal(session_view(run, "B"), console)
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80

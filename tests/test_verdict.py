@@ -106,7 +106,8 @@ def test_the_verdict_on_the_models_own_text_is_not_unreliable_and_names_its_samp
     report = _report(own_traffic[sampler][0])
     rec = report.recording
     assert rec.fits and rec.name == sampler and rec.declared is None, rec.reason
-    assert report.verdict.status in ("GO", "NO-GO"), report.verdict.reason
+    assert [c.name for c in report.verdict.causes] == ["sessions"], report.verdict.reason  # two sessions: too few ...
+    assert _report(own_traffic[sampler][0], min_sessions=2).verdict.status in ("GO", "NO-GO")  # ... and nothing else
     assert report.resampling.unit == "turn"  # two sessions: the interval resamples their ten turns
 
 
@@ -127,4 +128,6 @@ def test_the_demo_sessions_stay_unreliable_and_say_why(foreign_run):
 
     report = _report(foreign_run, gate=parse_gate("speedup>=1.0"))
     assert report.verdict.status == "UNRELIABLE" and report.verdict.exit_code == 1
-    assert "fit no sampler" in report.verdict.reason and "greedy: support" in report.verdict.reason
+    assert [c.name for c in report.verdict.causes] == ["sampler", "sessions"]
+    assert "fit none of the 6 samplers" in report.verdict.reason and "greedy: support" in report.verdict.causes[0].detail
+    assert report.verdict.next_steps[0].startswith("mtp-observe generate ")

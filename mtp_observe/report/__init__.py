@@ -5,7 +5,9 @@ Its stages, in the order the data flows (each module opens with its own contract
     run          load_run(path) -> Run: the run directory read back and checked; newest_run(root)
     tallies      counts per slice (tally), the simulated decode's walks, the what-if steps, the resampling plan
                  and the slices with their bootstrap intervals
-    verdict      the gate (parse_gate), the recording-sampler fit (recording_sampler) and the judge
+    advice       why a verdict is UNRELIABLE and the commands that fix it; what to run after a GO or a NO-GO
+    verdict      the gate (parse_gate), the recording-sampler fit (recording_sampler) and the judge: the one decision
+                 (status, the K to run, why, next steps) that every view renders
     summary      summarize(run, cost) -> Report: every metric of ACCEPTANCE.md per K <= Kmax, sliced by segment,
                  context length, turn and session, the verdict; the same at the gated batch size
     drafters     every drafter of the run summarised on the same anchors and ranked
@@ -35,6 +37,7 @@ from ..denominator import (
     verify_extra_from_probe,
 )
 from ..tables import read_dataset
+from .advice import CAUSES, DEFAULT_MIN_SESSIONS, FLOOR_MIN_SESSIONS, Cause, Facts
 from .baseline import Comparison, Delta, compare
 from .document import REPORT_VERSION, report_json
 from .drafters import DrafterSummary, Rank, rank_drafters, summarize_drafters
@@ -55,8 +58,9 @@ from .trees import Configuration, LayerRule, TreeSummary, run_layer_rules, run_t
 from .verdict import DEFAULT_GATE, GATE_METRICS, Candidate, Gate, RecordingSampler, Verdict, judge, parse_gate
 
 __all__ = [
-    "BatchSpeedup", "CONTEXT_BINS", "Candidate", "Comparison", "Configuration", "LayerRule", "TreeSummary",
-    "run_layer_rules", "run_trees", "summarize_trees", "tree_cost", "Cost", "CostTable", "DEFAULT_GATE", "Delta",
+    "BatchSpeedup", "CAUSES", "CONTEXT_BINS", "Candidate", "Cause", "DEFAULT_MIN_SESSIONS", "FLOOR_MIN_SESSIONS", "Facts",
+    "Comparison", "Configuration", "LayerRule", "TreeSummary", "run_layer_rules", "run_trees", "summarize_trees",
+    "tree_cost", "Cost", "CostTable", "DEFAULT_GATE", "Delta",
     "DrafterSummary", "GATE_METRICS", "Gate", "LoopSteps", "MODEL_FREE_DRAFTERS", "PROBE_VERSION", "REPORT_VERSION",
     "Rank", "Reading", "RecordingSampler", "Report", "Resampling", "Rows", "Run", "Slice", "Spans", "SpeculativeCheck",
     "Verdict", "batch_speedups", "compare", "context_bin", "cost_table", "drafter_cost", "drafter_table", "judge",

@@ -22,8 +22,9 @@ from .verdict import Candidate, RecordingSampler
 REPORT_VERSION = 3  # the "report_version" of report_json; bump on an incompatible key change (2: best.tau_sim is the
 # verdict's τ, speedup from τ_sim, recorded_with, slices.context, tau_profile is the position-aware what-if estimate;
 # 3: the engine-counted keys of a drafter whose steps draft fewer than K tokens count only the steps with a draft
-# and their draft tokens, as vLLM does;
-# trees, configurations and layer_rules, run.schema_version 3)
+# and their draft tokens, as vLLM does; trees, configurations and layer_rules, run.schema_version 3; `verdict`
+# second, with run_k — the K to run, 0 = do not speculate —, serves, causes and next_steps; best.serve_k gone
+# (verdict.run_k); batch.speculative_config null unless the verdict serves)
 
 
 def _num(x) -> float | None:
@@ -139,8 +140,9 @@ def cost_json(report: Report) -> dict:
             "batch": gated, "gated_c": float(report.cost.c), "gated_verify_extra": [float(x) for x in report.cost.verify_extra]}
 
 
-def batch_json(b: BatchSpeedup) -> dict:
-    """`batch`: speedup by batch size (README, "report JSON")."""
+def batch_json(b: BatchSpeedup, serves: bool) -> dict:
+    """`batch`: speedup by batch size (docs/report.md, "report JSON"); the schedule's config only when the verdict
+    serves (Verdict.serves)."""
     t = b.times
 
     def grid(a):
@@ -157,7 +159,25 @@ def batch_json(b: BatchSpeedup) -> dict:
         "flags": list(t.flags), "notes": list(t.notes), "experts": b.table.experts,
         "gated": list(b.gated), "binding": b.binding,
         "num_speculative_tokens_per_batch_size": [list(r) for r in b.schedule],
-        "speculative_config": b.speculative_config,
+        "speculative_config": b.speculative_config if serves else None,
+    }
+
+
+def verdict_json(report: Report) -> dict:
+    """`verdict`: the one decision (report/verdict.py Verdict), as every view renders it."""
+    v = report.verdict
+    return {
+        "status": v.status, "run_k": v.run_k, "serves": v.serves, "k": v.k, "headline": v.headline,
+        "reason": v.reason, "gate": v.gate.text, "enforced": v.enforced, "metric": v.gate.metric,
+        "threshold": v.gate.threshold, "value": _num(v.value), "lower": _num(v.lower), "exit_code": v.exit_code,
+        "sessions": v.sessions, "min_sessions": v.min_sessions, "interval": v.interval,
+        "causes": [{"cause": c.name, "reason": c.reason, "detail": c.detail, "next_steps": list(c.steps)}
+                   for c in v.causes],
+        "next_steps": list(v.next_steps),
+        "batch": report.batch.binding if report.batch is not None else 1,
+        "batches": [{"batch": b, "status": x.status, "run_k": x.run_k, "k": x.k, "value": _num(x.value),
+                     "lower": _num(x.lower), "reason": x.reason} for b, x in zip(report.batch.gated, report.batch.verdicts)]
+        if report.batch is not None else [],
     }
 
 
@@ -224,6 +244,7 @@ def report_json(report: Report, comparison: Comparison | None = None) -> dict:
 
     return {
         "report_version": REPORT_VERSION,
+        "verdict": verdict_json(report),
         "run": {
             "path": str(report.path), "status": m.get("status"), "schema_version": m.get("schema_version"),
             "created": m.get("created"), "model": model.get("path"), "dtype": m.get("dtype"), "device": m.get("device"),
@@ -239,18 +260,11 @@ def report_json(report: Report, comparison: Comparison | None = None) -> dict:
             "k": k, "speedup": at(o.value, "speedup"), "speedup_lo": at(o.lo, "speedup"), "speedup_hi": at(o.hi, "speedup"),
             "tau_sim": at(o.value, "tau_sim"), "tau_sim_lo": at(o.lo, "tau_sim"), "tau_sim_hi": at(o.hi, "tau_sim"),
             "tau": at(o.value, "tau"), "tau_lo": at(o.lo, "tau"), "tau_hi": at(o.hi, "tau"),
-            "serve_k": report.serve_k, "batch": report.batch.binding if report.batch is not None else 1,
+            "batch": report.batch.binding if report.batch is not None else 1,
         },
         "on_policy": {"rate": _num(o.value.on_policy), "lo": _num(o.lo.on_policy) if o.lo else None,
                       "hi": _num(o.hi.on_policy) if o.hi else None, "min": v.min_support},
         "recorded_with": recording_json(report.recording) if report.recording else None,
-        "verdict": {"status": v.status, "gate": v.gate.text, "enforced": v.enforced, "metric": v.gate.metric,
-                    "threshold": v.gate.threshold, "k": v.k, "value": _num(v.value), "lower": _num(v.lower),
-                    "reason": v.reason, "exit_code": v.exit_code,
-                    "batch": report.batch.binding if report.batch is not None else 1,
-                    "batches": [{"batch": b, "status": x.status, "k": x.k, "value": _num(x.value), "lower": _num(x.lower),
-                                 "reason": x.reason} for b, x in zip(report.batch.gated, report.batch.verdicts)]
-                    if report.batch is not None else []},
         "slices": {
             "segment": [slice_json(s, report.profiles) for s in report.segments],
             "context": [slice_json(s, report.profiles) for s in report.context],
@@ -265,7 +279,7 @@ def report_json(report: Report, comparison: Comparison | None = None) -> dict:
             for c in report.speculative
         ],
         "drafters": drafters_json(report),
-        "batch": batch_json(report.batch) if report.batch is not None else None,
+        "batch": batch_json(report.batch, v.serves) if report.batch is not None else None,
         "trees": trees_json(report),
         "configurations": configurations_json(report),
         "layer_rules": layer_rules_json(report),

@@ -16,6 +16,7 @@ from ..denominator import _finite, cost_table, drafter_table
 from ..errors import OptionError
 from ..metrics import MIN_SUPPORT
 from ..tables import read_manifest
+from .advice import DEFAULT_MIN_SESSIONS, FLOOR_MIN_SESSIONS
 from .baseline import Comparison, compare
 from .drafters import summarize_drafters
 from .run import Run, load_run, newest_run, run_drafters
@@ -51,6 +52,7 @@ def read_and_summarize(
     device_spec: str | None = None,
     context: float | None = None,
     loaded: Run | None = None,
+    min_sessions: int = DEFAULT_MIN_SESSIONS,
 ) -> Reading:
     """What `mtp-observe report` computes. The run defaults to the newest under root. An explicit cost
     (--probe, --draft-cost) applies to the baseline too, so differences come from acceptance alone;
@@ -60,6 +62,9 @@ def read_and_summarize(
     the run has it, else its first drafter); every drafter of the run is summarised and ranked beside it, at the
     same batch size.
 
+    min_sessions (--min-sessions): a verdict needs at least this many sessions (advice.py: why sessions, not turns);
+    below it the verdict is UNRELIABLE, the numbers still shown with their turn-level interval.
+
     batch ('B' or 'LO-HI') is where the gate is judged (section 8): the slices, the best K and the verdict
     are at that batch size (for a range, at the one whose verdict is worst); batch_sizes, device_spec and
     context shape the roofline's table."""
@@ -67,6 +72,10 @@ def read_and_summarize(
         raise OptionError(f"--replicates {replicates}: expected 1 to {MAX_REPLICATES:,} bootstrap resamples")
     if seed < 0:
         raise OptionError(f"--seed {seed}: expected an integer >= 0")
+    if min_sessions < FLOOR_MIN_SESSIONS:
+        raise OptionError(f"--min-sessions {min_sessions}: expected at least {FLOOR_MIN_SESSIONS} (the turns of one "
+                          f"session say nothing about the next; the default {DEFAULT_MIN_SESSIONS} is the size a "
+                          "bootstrap over sessions needs)")
     if not 0.0 <= min_support <= 1.0:
         raise OptionError(f"--min-support {min_support}: expected a rate between 0 and 1")
     if context is not None and not (_finite(context) and context >= 0):
@@ -78,7 +87,7 @@ def read_and_summarize(
         raise OptionError(f"{' and '.join(roofline_options)} shape the roofline, but --probe/--draft-cost give a measured "
                           "or fixed cost: pass one of them (a probe's batch sizes and context are its own: probe --batch)")
     run = loaded if loaded is not None else load_run(path if path is not None else newest_run(root), drafter)  # loaded: read already
-    options = dict(replicates=replicates, seed=seed, gate=gate, min_support=min_support)
+    options = dict(replicates=replicates, seed=seed, gate=gate, min_support=min_support, min_sessions=min_sessions)
     table = cost_table(run, probe=probe, draft_cost=draft_cost, device_spec=device_spec, context=context,
                        batch_sizes=tuple(sorted(set(batch_sizes or DEFAULT_BATCHES) | {lo, hi})))
     report = summarize_at_batch(run, drafter_table(table, run.drafter), (lo, hi), recorded_with=recorded_with, **options)

@@ -32,6 +32,7 @@ from ..cost import StepTimes, batch_speedup, best_k, break_even, check_schedule,
 from ..denominator import Cost, CostTable
 from ..errors import OptionError
 from ..metrics import MIN_SUPPORT, Counts, percentile_interval, rates, top_k
+from .advice import DEFAULT_MIN_SESSIONS, FLOOR_MIN_SESSIONS, Facts, facts_of
 from .run import Run
 from .tallies import (
     CONTEXT_BINS,
@@ -83,10 +84,7 @@ class Report:
     configurations: tuple["Configuration", ...] = ()  # the best of the chain and the trees at each batch size (a what-if)
     layer_rules: tuple["LayerRule", ...] = ()  # a head with several MTP layers: each rule over the same anchors
 
-    @property
-    def serve_k(self) -> int:
-        """The K to serve with at the gated batch size: best_k when its speedup beats 1, else 0 (no speculation)."""
-        return best_k(self.overall.value.speedup)
+    facts: Facts | None = None  # what the verdict's next-step commands are made of (advice.facts_of)
 
 
 def summarize(
@@ -99,9 +97,11 @@ def summarize(
     gate: Gate | None = None,
     min_support: float = MIN_SUPPORT,
     recorded_with: str | None = None,
+    min_sessions: int = DEFAULT_MIN_SESSIONS,
 ) -> Report:
     """Every metric, slice, interval, the recording sampler and the verdict for one run (ACCEPTANCE.md, 'Metrics')."""
     assert replicates >= 1, replicates
+    assert min_sessions >= FLOOR_MIN_SESSIONS, min_sessions  # reading.py refuses a smaller --min-sessions
     S, K, N = len(run.sessions), run.k, len(run.spans.start)
     steps, step_accepted, step_drafted = simulated_walks(run)
     expected = what_if_steps(run)
@@ -158,14 +158,15 @@ def summarize(
     # 5. The recording sampler, the best K (by τ_sim's speedup) and the verdict.
     recording = recording_sampler(run, overall.value, recorded_with, min_support)
     k = top_k(overall.value.speedup)
-    verdict = judge(overall, k, gate, recording, str(run.manifest.get("status", "unknown")), S, plan)
+    facts = facts_of(run, cost.source)
+    verdict = judge(overall, k, gate, recording, str(run.manifest.get("status", "unknown")), S, plan, facts, min_sessions)
     notes = list(run.notes) + ([plan.note] if plan.note else []) + context_notes(run) + list(cost.notes)
     return Report(
         path=run.path, manifest=run.manifest, k=K, profiles=run.profiles, cost=cost, replicates=replicates, seed=seed,
         level=level, rows=len(r.depth), overall=overall, segments=segments, turns=turns, sessions=sessions,
         best_k=k, verdict=verdict, notes=tuple(notes), context=context, recording=recording, resampling=plan,
         speculative=speculative_checks(run, steps),
-        drafter=run.drafter,
+        drafter=run.drafter, facts=facts,
     )
 
 
@@ -297,7 +298,8 @@ def judge_at(report: Report, value: np.ndarray, lo: np.ndarray | None, hi: np.nd
                       lo=replace(o.lo, speedup=lo[i]) if o.lo is not None and lo is not None else o.lo,
                       hi=replace(o.hi, speedup=hi[i]) if o.hi is not None and hi is not None else o.hi)
     v = judge(overall, top_k(value[i]), report.verdict.gate if report.verdict.enforced else None, report.recording,
-              str(report.manifest.get("status", "unknown")), len(report.sessions), report.resampling)
+              str(report.manifest.get("status", "unknown")), len(report.sessions), report.resampling, report.facts,
+              report.verdict.min_sessions)
     return v if b is None else replace(v, reason=f"at batch {b}: {v.reason}")
 
 
