@@ -88,6 +88,15 @@ LOGITS_BUDGET = 1 << 26
 # Pure helpers (shapes in comments)
 
 
+def anchor_block(num_heads: int, max_prefix: int, n_chain: int, budget: int) -> int:
+    """Anchors per chain attention block so that [nh, block, prefix + block * n_chain] stays within budget
+    (MtpHead.chain; estimate.chain_pairs counts the same blocks)."""
+    block = max(1, budget // (num_heads * max(1, max_prefix)))
+    while block > 1 and num_heads * block * (max_prefix + block * n_chain) > budget:
+        block //= 2
+    return block
+
+
 def zero_centred_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """N(x; w) = x * rsqrt(mean(x^2) + eps) * (1 + w), in fp32, cast back.  x: [..., D], w: [D].
 
@@ -554,12 +563,7 @@ class MtpHead(nn.Module):
         return states, ids, lps
 
     def _anchor_block(self, max_prefix: int, n_chain: int, budget: int) -> int:
-        """Anchors per attention block so that [nh, block, prefix + block * n_chain] stays within budget."""
-        nh = self.geometry.num_heads
-        block = max(1, budget // (nh * max(1, max_prefix)))
-        while block > 1 and nh * block * (max_prefix + block * n_chain) > budget:
-            block //= 2
-        return block
+        return anchor_block(self.geometry.num_heads, max_prefix, n_chain, budget)
 
     def _argmax_chunked(self, states: Tensor, budget: int) -> tuple[Tensor, Tensor]:
         """states: [n, H] -> (argmax token [n] int64, its log-softmax [n] fp32), vocab chunked by rows."""

@@ -404,7 +404,7 @@ def test_completions_of_one_token_are_left_out_and_said(tiny_checkpoint, monkeyp
     session with no other turn is no record (said, not an error)."""
     import mtp_observe.generation as generation
 
-    def ends_at_once(model, prompts, settings):
+    def ends_at_once(model, prompts, settings, observer=None):
         return [Completion((next(iter(settings.eos_ids)),), "eos") if p.session_id == "s1" or p.turn == 1
                 else Completion((5, 6), "length") for p in prompts]
 

@@ -97,12 +97,14 @@ def replay(
     suffix_min_token_prob: Annotated[float, typer.Option("--suffix-min-token-prob", help="vLLM's suffix_decoding_min_token_prob.")] = 0.1,
     part_sessions: Annotated[int, typer.Option("--part-sessions", metavar="N", help="Write the run's Parquet parts N sessions at a time at most (fewer when a part reaches 2M rows or a minute's work); 1: one part per session.")] = 256,
     progress_every: Annotated[float, typer.Option("--progress-every", metavar="SECONDS", help="Without a terminal (a CI log): print the progress line to stderr every SECONDS (0: never).")] = 30.0,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the estimate of the work (tokens to prefill, anchors to draft, a time range from a short calibration on the model) and exit, writing nothing.")] = False,
 ) -> None:
     """Replay sessions through the target with the MTP head (and other drafters) alongside; write the run directory."""
     from ..drafters.roster import NEEDS_MTP, parse_drafters
     from ..drafters.suffix import SuffixConfig
+    from ..estimate import estimate_line
     from ..manifest import default_run_dir
-    from ..pipeline import ReplayOptions, replay as run_replay
+    from ..pipeline import ReplayOptions, replay as run_replay, replay_estimate
     from ..progress import ProgressDisplay
 
     _check_on_error(on_error)
@@ -127,11 +129,15 @@ def replay(
                          on_error=on_error, max_sessions=max_sessions, resume=resume, overwrite=overwrite,
                          device_map=device_map, template=overrides, drafters=names, ngram=ngram_config,
                          suffix=suffix_config, part_sessions=part_sessions)
+    if dry_run:
+        say(out, estimate_line(replay_estimate(files, model_dir, opts)))
+        return
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
     try:
-        # A live line on a terminal, cleared when it stops (a failure leaves its error line alone); a plain
-        # line every --progress-every seconds without one.
-        with ProgressDisplay(err, live=rank0 and err.is_terminal, every_s=progress_every if rank0 else 0, say=say) as progress:
+        # The estimate first; then a live line on a terminal, cleared when it stops (a failure leaves its error line
+        # alone); a plain line every --progress-every seconds without one.
+        with ProgressDisplay(err, live=rank0 and err.is_terminal, every_s=progress_every if rank0 else 0, say=say,
+                             on_estimate=lambda line: say(out, line)) as progress:
             run_dir = run_replay(files, model_dir, out_path, opts, bundled=bundled, observer=progress if rank0 else None)
     except KeyboardInterrupt:  # run.json says "failed"; every finished session's part is complete on disk
         if rank0:
