@@ -145,18 +145,25 @@ class ReplayOptions:
 class Observer:
     """Progress callbacks; the CLI draws a progress bar from them. The default does nothing."""
 
+    def estimate(self, estimate) -> None:
+        """The work ahead (estimate.Estimate), before the first session; said as the replay's first line."""
+
     def start(self, sessions: int, tokens: int | None = None) -> None:
         """The sessions this process will handle (and, when known up front — a Ray job renders them first — their
         tokens)."""
 
-    def session_start(self, session_id: str, tokens: int, requests: int) -> None:
-        """A session is about to be replayed: its tokens (all its requests') and requests."""
+    def session_start(self, session_id: str, tokens: int, requests: int, work=None) -> None:
+        """A session is about to be replayed: its tokens (all its requests') and requests; work: its
+        estimate.ReplayWork (what the progress line's ETA counts), None when no estimate was made."""
 
     def request(self, index: int) -> None:
         """Request `index` (0-based) of the current session starts."""
 
     def tokens(self, n: int) -> None:
-        """n more tokens of the current session are done (a prefill chunk, or a prefix reused from the request before)."""
+        """n more tokens of the current session are computed (a prefill chunk)."""
+
+    def reused(self, n: int) -> None:
+        """n tokens of the current request are done without being computed: the prefix shared with the request before."""
 
     def session(self, session_id: str, tokens: int, skipped: bool) -> None:
         """A session ended: replayed, skipped, or (no session_start before it) found finished by --resume."""
@@ -199,7 +206,8 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
 
 def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size: int,
                    carry: Carry | None = None, keep_at: int | None = None, drafters=None,
-                   keep: int | None = None, recorder=None, on_tokens=None, variants=None) -> tuple[dict, dict, Carry | None]:
+                   keep: int | None = None, recorder=None, on_tokens=None, variants=None,
+                   on_reused=None) -> tuple[dict, dict, Carry | None]:
     """One request through the target and the head: the columns of its rows, the recording-sampler sums
     of its spans (RequestResult.fit), and what the next request reuses.
 
@@ -211,7 +219,7 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     4. rows
     Rows depend only on the tokens (causal attention), so reusing a prefix changes nothing measured
     beyond floating-point rounding of where chunk boundaries fall. on_tokens(n), if given, hears each
-    prefill chunk's tokens (and the reused prefix's) as they are done: the progress line.
+    prefill chunk's tokens as they are done, on_reused(n) the reused prefix's: the progress line.
 
     drafters (a drafters.roster.Roster): every drafter of the roster drafts at the same anchors (fed the
     head's drafts for the hybrids; keep: the prefix the next request shares, a hint for suffix decoding)
@@ -235,8 +243,8 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     index = row_index(plan, k_max)
     if recorder is not None:  # routing.RouterRecorder: the MoE routers' picks during this prefill
         recorder.begin_request()
-    if on_tokens is not None and carry is not None:
-        on_tokens(carry.length)
+    if on_reused is not None and carry is not None:
+        on_reused(carry.length)
     hidden, kept = prefill(model.target, ids, chunk_size, prefix=carry.target if carry else None, keep_at=keep_at,
                            on_chunk=on_tokens)  # 1
     if recorder is not None:
@@ -441,7 +449,8 @@ def replay_session(model: LoadedModel | None, requests, k_max: int, profiles, ch
         columns, fit, carry = replay_request(model, request, k_max, profiles, chunk_size, carry=carry, keep_at=keep_at,
                                              drafters=drafters, keep=shared, recorder=recorder,
                                              on_tokens=observer.tokens if observer is not None else None,
-                                             variants=variants)
+                                             variants=variants,
+                                             on_reused=observer.reused if observer is not None else None)
         out.append(RequestResult(request.index, columns, fit))
     return out
 
@@ -710,6 +719,63 @@ def serving_for(opts: ReplayOptions, info: CheckpointInfo | None):
     return serving_numerics(opts.serve_device, opts.fp8_activations, quantized)
 
 
+def replay_estimate(files, model_dir: Path, opts: ReplayOptions):
+    """What `replay --dry-run` prints (estimate.Estimate): the work of replaying the input (its first --max-sessions
+    sessions, those a resumed run finished included), priced by a calibration on the model. Writes nothing."""
+    from .rendering import Renderer
+    from .sessions import check_inputs, resolve_inputs
+
+    roster = drafter_roster(opts)
+    model_free = not roster.needs_model
+    opts = ReplayOptions(**{**opts.__dict__, "profiles": tuple(opts.profiles) or
+                            (default_profiles(model_dir) if not model_free else ())})
+    _check_options(opts)
+    fallback, _ = recorded_fallback(opts, model_dir) if not model_free else (None, None)
+    files = resolve_inputs(files)
+    check_inputs(files)
+    model = None
+    if not model_free:
+        device = resolve_device(opts.device)
+        model = load_model(model_dir, device=device, dtype=resolve_dtype(opts.dtype, device), device_map=opts.device_map,
+                           head_engine=opts.head_engine)
+    renderer = Renderer.from_model_dir(model.info.path if model is not None else model_dir,
+                                       vocab_size=model.info.geometry.vocab_size if model is not None else None,
+                                       overrides=opts.template)
+    return _estimate(files, opts, model, renderer, lambda index: True, fallback, roster)
+
+
+def _estimate(files, opts: ReplayOptions, model: LoadedModel | None, renderer, owns, fallback, roster, finished=None):
+    """estimate.Estimate of the sessions _replay_owned will replay (the first --max-sessions, those `owns` takes,
+    not finished before, rendering), priced by estimate.calibrate_replay on the model with the run's profiles and
+    a fresh roster of its drafters (model None: the work alone)."""
+    from .estimate import Estimate, ReplayWork, calibrate_replay, replay_work
+    from .sessions import SessionError, Skipped, read_sessions
+
+    heads = model.info.geometry.num_heads if model is not None else 1
+    work = ReplayWork()
+    for item in read_sessions(files, on_error="skip"):
+        if opts.max_sessions is not None and item.index >= opts.max_sessions:
+            break
+        if isinstance(item, Skipped) or not owns(item.index):
+            continue
+        if finished and item.id in finished:
+            work += ReplayWork(done_tokens=finished[item.id].counts["tokens_replayed"])
+            continue
+        try:
+            work += replay_work(renderer.render(item), opts.k, opts.chunk_size, heads)
+        except SessionError:
+            continue  # the replay skips it (or stops at it)
+    if model is None:
+        return Estimate(work, k=opts.k, why_no_time="no time estimate (model-free drafters: no target runs)")
+    drafters = drafter_roster(opts) if tuple(roster.names) != ("mtp",) else None
+    profiles = tuple(opts.profiles) + (fallback.renamed(RECORDED),)
+    try:
+        rates = calibrate_replay(model, opts.k, profiles, opts.chunk_size, drafters)
+    except NonFiniteOutput:  # the replay itself says so, naming the session and the fix
+        return Estimate(work, k=opts.k, why_no_time="no time estimate (the model's outputs are not finite)")
+    return Estimate(work, rates, k=opts.k)
+
+
 def roster_draft_ks(name: str, k: int) -> tuple[int, ...]:
     from .drafters.roster import draft_ks
 
@@ -770,6 +836,7 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
     import time
 
     from . import parts, tables
+    from .estimate import request_works
     from .rendering import Renderer
     from .routing import RouterRecorder
     from .sessions import SessionError, Skipped, input_name, read_sessions, speculative_steps
@@ -794,6 +861,14 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
     total = sum(count_records(f) for f in files)
     if opts.max_sessions:
         total = min(total, opts.max_sessions)
+    heads = model.info.geometry.num_heads if model is not None else 1
+    mine = set(plan.indices) if plan is not None else None  # --shard: the input indices this shard owns
+
+    def owns_index(index: int) -> bool:
+        return ranks.owns(index) and (mine is None or index in mine)
+
+    if ranks.rank == 0:  # the first line: the work ahead (this rank's share under torchrun), priced on this model
+        observer.estimate(_estimate(files, opts, model, renderer, owns_index, fallback, roster, finished))
     observer.start(len([i for i in (plan.indices if plan is not None else range(total)) if ranks.owns(i)]))
     started, fresh_tokens = time.time(), 0
     recorder = RouterRecorder(model.target, opts.k + 1) if model is not None else None  # q = 1..Kmax+1 tokens a sequence
@@ -841,7 +916,8 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
                     raise
                 skip(item.index, e.path, e.line, e.session_id, str(e))
                 continue
-            observer.session_start(item.id, rendered.n_tokens, len(rendered.requests))
+            observer.session_start(item.id, rendered.n_tokens, len(rendered.requests),
+                                   work=request_works(rendered, opts.k, opts.chunk_size, heads))
             positions, requests, c = session_parts(model, item.id, item.index, rendered.requests, opts, roster, recorded,
                                                    source, speculative, recorder, observer, f"{item.path}:{item.line}",
                                                    variants)

@@ -91,7 +91,7 @@ def test_two_replicas_on_the_bundled_model_equal_the_single_process_run_with_pro
     assert report_of(run) == report_of(one)  # whatever order the replicas finished in
     # the progress counts every replica's tokens in one line
     assert sorted(observer.replayed_ids) == ["s0", "s1", "s2", "s3"]
-    state = observer.counter.state
+    state = observer.counter.snapshot()  # the state as of now (its rate over the window)
     assert state.total_tokens == (manifest(one)["counts"]["tokens_replayed"], True)
     assert state.tokens_done == state.fresh_tokens == manifest(one)["counts"]["tokens_replayed"]
     assert state.sessions_done == state.sessions == 4 and state.rate is not None

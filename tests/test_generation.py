@@ -430,11 +430,14 @@ def test_completions_of_one_token_are_left_out_and_said(tiny_checkpoint, monkeyp
     session with no other turn is no record (said, not an error)."""
     import mtp_observe.generation as generation
 
-    def ends_at_once(model, prompts, settings):
+    def ends_at_once(model, prompts, settings, observer=None):
         return [Completion((next(iter(settings.eos_ids)),), "eos") if p.session_id == "s1" or p.turn == 1
                 else Completion((5, 6), "length") for p in prompts]
 
     monkeypatch.setattr(generation, "generate_batch", ends_at_once)
+    import mtp_observe.estimate as estimate  # its calibration would time the fake (with no end-of-turn id to end at)
+
+    monkeypatch.setattr(estimate, "calibrate_generate", lambda *args: estimate.Rates("cpu", 1, 1e-3, 0.0, 1, 1, step_s=0.01))
     sessions = _write(tmp_path / "s.jsonl", SESSIONS[:2])
     out = tmp_path / "own.jsonl"
     summary = generate([sessions], tiny_checkpoint, out, GenerateOptions(sampling="greedy", max_new_tokens=4, device="cpu"))

@@ -92,8 +92,11 @@ class Recorder(Observer):
     def __init__(self):
         self.events = []
 
-    def session_start(self, session_id, tokens, requests):
-        self.events.append(("start", session_id, tokens, requests))
+    def estimate(self, estimate):
+        self.events.append(("estimate", estimate))
+
+    def session_start(self, session_id, tokens, requests, work=None):
+        self.events.append(("start", session_id, tokens, requests, work))
 
     def request(self, index):
         self.events.append(("request", index))
@@ -101,22 +104,36 @@ class Recorder(Observer):
     def tokens(self, n):
         self.events.append(("tokens", n))
 
+    def reused(self, n):
+        self.events.append(("reused", n))
+
     def session(self, session_id, tokens, skipped):
         self.events.append(("end", session_id, tokens, skipped))
 
 
-def test_a_replay_reports_every_request_and_chunk_and_they_add_up_to_the_sessions_tokens(tiny_checkpoint, tmp_path):
+def test_a_replay_reports_every_request_chunk_and_reused_prefix_and_they_add_up_to_its_estimate(tiny_checkpoint, tmp_path):
+    """The chunks computed add up to the estimate's tokens to prefill, the prefixes reused to its reused tokens, both to
+    the session's tokens; the estimate comes first, with a time priced by the calibration."""
     from .test_replay import SESSION, write_sessions
 
     sessions = write_sessions(tmp_path / "s.jsonl", [SESSION])
     rec = Recorder()
     run = replay([sessions], tiny_checkpoint, tmp_path / "run", ReplayOptions(k=2, device="cpu", chunk_size=16), observer=rec)
+    assert rec.events[0][0] == "estimate"
+    estimate = rec.events[0][1]
     start = [e for e in rec.events if e[0] == "start"]
     assert len(start) == 1 and start[0][3] >= 2
     chunks = [e[1] for e in rec.events if e[0] == "tokens"]
-    assert len(chunks) > start[0][3]  # several chunks per request at chunk size 16
-    assert sum(chunks) == start[0][2] == json.loads((run / "run.json").read_text())["counts"]["tokens_replayed"]
+    reused = [e[1] for e in rec.events if e[0] == "reused"]
+    assert len(chunks) > start[0][3] and reused  # several chunks per request at chunk size 16; later requests reuse
+    counts = json.loads((run / "run.json").read_text())["counts"]
+    assert sum(chunks) + sum(reused) == start[0][2] == counts["tokens_replayed"] == estimate.work.tokens
+    assert (sum(chunks), sum(reused)) == (estimate.work.prefill, estimate.work.reused)
+    assert estimate.work.anchors == counts["anchors"] and estimate.work.drafts == counts["rows"]
     assert [e[1] for e in rec.events if e[0] == "request"] == list(range(start[0][3]))
+    assert sum(w.prefill for w in start[0][4]) == sum(chunks)  # the session's work, request by request
+    lo, hi = estimate.seconds
+    assert 0 < lo < hi
 
 
 def number(text: str) -> float:

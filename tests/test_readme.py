@@ -47,6 +47,18 @@ def mtp_observe_calls() -> list[list[str]]:
     return calls
 
 
+def test_the_readme_says_near_the_top_what_the_bundled_model_is_for_and_that_a_verdict_needs_your_checkpoint():
+    """Issue 31: before the quickstart, in two sentences, the bundled model is for trying the tool, the demo and CI,
+    and a verdict about your traffic needs your own checkpoint (--model DIR or a cached hub id)."""
+    top = README.split("```", 1)[0]
+    (paragraph,) = [p for p in top.split("\n\n") if p.startswith("The bundled model")]
+    text = " ".join(paragraph.split())
+    assert len(re.findall(r"\.(?:\s|$)", text)) == 2, text  # two sentences
+    for said in ("trying the tool", "the demo", "CI without downloads", "A verdict about your traffic needs your own",
+                 "`--model DIR`", "Hugging Face id already in your local cache"):
+        assert said in text, said
+
+
 def test_every_mtp_observe_line_in_the_readme_names_an_existing_command_and_options():
     import typer.main
 
@@ -68,7 +80,7 @@ def test_every_mtp_observe_line_in_the_readme_names_an_existing_command_and_opti
         assert words and words[0] in group.commands, f"no command {words[:1]} in {' '.join(call)}"
         seen.add(words[0])
         command = group.commands[words[0]]
-        known = {opt for p in command.params for opt in p.opts} | {"-h", "--help"}
+        known = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)} | {"-h", "--help"}  # --x/--no-x
         for w in words[1:]:
             if re.fullmatch(r"--?[a-z][a-z0-9-]*(=.*)?", w):
                 assert w.split("=")[0] in known, f"mtp-observe {words[0]} has no option {w} ({' '.join(call)})"

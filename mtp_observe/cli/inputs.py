@@ -37,20 +37,24 @@ def sessions(
     on_error: Annotated[OnError, typer.Option("--on-error", help="fail: stop at the first bad session; skip: warn, count it and go on.")] = "fail",
     chat_template: ChatTemplateOption = None,
     template_kwargs: TemplateKwargsOption = None,
+    estimate: Annotated[bool, typer.Option("--estimate/--no-estimate", help="Estimate the time of a replay and of a generate of these sessions from a short calibration on the model (which loads its weights); --no-estimate counts the work alone.")] = True,
+    device: Annotated[str, typer.Option("--device", metavar=DEVICE_METAVAR, help="Where the estimate's calibration runs (auto: cuda if available): the device the replay will run on.")] = "auto",
 ) -> None:
-    """What a replay would score: sessions, turns, requests, prompt and scored tokens per segment."""
+    """What a replay would score: sessions, turns, requests, prompt and scored tokens per segment; the work and time of a replay and a generate."""
     from rich.measure import Measurement
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from ..checkpoint import read_checkpoint
-    from ..rendering import SEGMENTS, Renderer, survey
+    from ..estimate import ReplayWork, estimate_line, replay_work, survey_estimates, turn_shapes
+    from ..rendering import SEGMENTS, RenderedSession, Renderer, survey
     from ..sessions import check_inputs
 
     _check_on_error(on_error)
     check_inputs(files)
     overrides = _template_overrides(chat_template, template_kwargs)
     model_dir = _model_dir(model)
-    renderer = Renderer.from_model_dir(model_dir, vocab_size=read_checkpoint(model_dir).geometry.vocab_size, overrides=overrides)
+    geometry = read_checkpoint(model_dir).geometry
+    renderer = Renderer.from_model_dir(model_dir, vocab_size=geometry.vocab_size, overrides=overrides)
     if show is not None:
         _show_session(files, renderer, show, on_error)
         return
@@ -58,11 +62,15 @@ def sessions(
                   transient=True, disable=not err.is_terminal) as progress:
         task = progress.add_task("reading sessions", total=None)
         seen = [0]
+        work, turns = [ReplayWork()], []  # what a replay and a generate of them compute (estimate.py)
 
-        def tick(_item):
+        def tick(item):
             seen[0] += 1
             if seen[0] % 100 == 0:
                 progress.update(task, description=plural(seen[0], "session"))
+            if isinstance(item, RenderedSession):
+                work[0] += replay_work(item, 4, 2048, geometry.num_heads)
+                turns.append(turn_shapes(item))
 
         per_file, total, skipped = survey(files, renderer, on_error=on_error, on_session=tick)
     rows = list(per_file.items()) + ([("total", total)] if len(per_file) > 1 else [])
@@ -90,6 +98,9 @@ def sessions(
         say(err, f"skipped: {s.message}")
     if len(skipped) > 20:
         say(err, f"... and {len(skipped) - 20} more skipped")
+    replay_estimate, generate_estimate = survey_estimates(model_dir, work[0], turns, device, estimate, template=overrides)
+    say(out, estimate_line(replay_estimate, "replay (--k 4)"))
+    say(out, estimate_line(generate_estimate, "generate (--batch-size 8)"))
 
 
 def _show_session(files, renderer, session_id: str, on_error: str) -> None:
@@ -127,53 +138,9 @@ def _show_session(files, renderer, session_id: str, on_error: str) -> None:
     raise OptionError(f"--show {session_id}: no session with that id in {', '.join(map(str, files))}")
 
 
-class _GenerationProgress:
-    """Draws turns, tokens, tokens/s and ETA on stderr while generate runs (generation.Observer)."""
-
-    def __init__(self, progress, every_s: float = 0.0):
-        self.progress = progress
-        self.task = None
-        self.tokens = 0
-        self.started = None
-        self.total = 0
-        self.done = 0
-        self.every_s = every_s  # without a terminal: a plain line on stderr every every_s seconds (0: none)
-        self.last_line = None
-
-    def start(self, turns: int) -> None:
-        import time
-
-        self.started = self.last_line = time.time()
-        self.total = turns
-        self.task = self.progress.add_task("generating", total=turns, tokens="0 tokens", rate="")
-
-    def turns(self, turns: int, tokens: int) -> None:
-        import time
-
-        from ..progress import clock
-        from ..wording import plural
-
-        self.tokens += tokens
-        self.done += turns
-        now = time.time()
-        elapsed = max(now - self.started, 1e-9)
-        self.progress.update(self.task, advance=turns, tokens=f"{self.tokens:,} tokens", rate=f"{self.tokens / elapsed:,.0f} tok/s")
-        if self.every_s > 0 and now - self.last_line >= self.every_s:  # a CI log: the bar is not drawn there
-            self.last_line = now
-            left = (self.total - self.done) * elapsed / self.done if self.done else None
-            say(self.progress.console, f"generate: {self.done:,}/{plural(self.total, 'turn')} · {self.tokens:,} tokens · "
-                                       f"{self.tokens / elapsed:,.0f} tok/s · ETA {clock(left)}")
-
-    def warn(self, message: str) -> None:
-        say(self.progress.console, f"skipped: {message}")
-
-    def note(self, message: str) -> None:
-        say(self.progress.console, f"note: {message}")
-
-
 def generate(
     files: Annotated[list[Path], typer.Argument(metavar="SESSIONS", help="Session JSONL files (.gz too), directories of them, or - for standard input.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Token-level JSONL to write, one record per session (replaced atomically; <OUT>.partial while it runs).")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Token-level JSONL to write, one record per session (replaced atomically; <OUT>.partial while it runs).")] = None,
     model: Annotated[Optional[Path], typer.Option("--model", help="Checkpoint directory, or a Hugging Face id (ORG/NAME[@REVISION]) in the local cache (default: the bundled model).")] = None,
     sampling: Annotated[str, typer.Option("--sampling", help="greedy, generation_config (the checkpoint's sampler, vLLM's default), a built-in profile (thinking_general, thinking_coding, instruct_general, instruct_reasoning) or NAME=T,TOP_P,TOP_K[,PRESENCE[,FREQUENCY[,REPETITION[,MIN_P]]]].")] = "generation_config",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Stop a turn after this many tokens if it has not ended.")] = 1024,
@@ -191,28 +158,36 @@ def generate(
     progress_every: Annotated[float, typer.Option("--progress-every", metavar="SECONDS", help="Without a terminal (a CI log): print the progress line to stderr every SECONDS (0: never).")] = 30.0,
     shard: Annotated[Optional[str], typer.Option("--shard", metavar="I/N", help="Generate shard I of N (0-based): the sessions whose id hashes to I, as replay --shard; the shards' outputs together are the replay's input (docs/scale.md).")] = None,
     shard_by: Annotated[ShardBy, typer.Option("--shard-by", help="id: a session's shard is a hash of its id; tokens: shards balanced by tokens, longest session first.")] = "id",
+    max_sessions: Annotated[Optional[int], typer.Option("--max-sessions", help="Generate for at most N sessions (the first N of the input, as replay counts them).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the estimate of the work (prompt tokens, tokens to generate, a time range from a short calibration on the model) and exit, writing nothing.")] = False,
 ) -> None:
     """The target's own completion of every assistant turn, in the recorded contexts: token-level records for replay."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from ..generation import GenerateOptions, generate as run_generate
+    from ..estimate import estimate_line
+    from ..generation import GenerateOptions, generate as run_generate, generate_estimate
+    from ..progress import GenerationCounter, ProgressDisplay, generation_lines
 
     _check_on_error(on_error)
     shard_spec = shard_options(shard, shard_by, "generate")
     if progress_every < 0:
         raise OptionError(f"--progress-every {progress_every:g}: expected seconds >= 0 (0: no progress lines)")
+    if output is None and not dry_run:
+        raise OptionError("generate writes its completions to -o OWN.jsonl; name that file (or pass --dry-run for the estimate alone)")
     overrides = _template_overrides(chat_template, template_kwargs)
     model_dir = _model_dir(model)
-    check_writable(output, "--output", inputs=[*files, chat_template], kept=[model_dir])
+    if not dry_run:
+        check_writable(output, "--output", inputs=[*files, chat_template], kept=[model_dir])
     opts = GenerateOptions(sampling=sampling, max_new_tokens=max_new_tokens, seed=seed, speculative=speculative,
                            batch_size=batch_size, chunk_size=chunk_size, device=device, dtype=dtype, on_error=on_error,
-                           resume=resume, overwrite=overwrite, template=overrides, shard=shard_spec)
+                           resume=resume, overwrite=overwrite, template=overrides, shard=shard_spec,
+                           max_sessions=max_sessions)
+    if dry_run:
+        say(out, estimate_line(generate_estimate(files, model_dir, opts)))
+        return
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("turns"),
-                      TextColumn("{task.fields[tokens]}", markup=False), TextColumn("{task.fields[rate]}", markup=False),
-                      TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal) as progress:
-            summary = run_generate(files, model_dir, output, opts, observer=_GenerationProgress(
-                progress, every_s=0.0 if err.is_terminal else progress_every))
+        # A live line on a terminal, cleared when it stops; a plain line every --progress-every seconds without one.
+        with ProgressDisplay(err, live=err.is_terminal, every_s=progress_every, say=say, counter=GenerationCounter(),
+                             lines=generation_lines, on_estimate=lambda line: say(out, line)) as progress:
+            summary = run_generate(files, model_dir, output, opts, observer=progress)
     except KeyboardInterrupt:  # every session written so far is whole in the partial file
         partial = output.with_name(output.name + ".partial")
         if partial.exists():

@@ -129,12 +129,14 @@ def replay(
     ray: Annotated[Optional[str], typer.Option("--ray", metavar="ADDRESS", help="Replay on a Ray cluster: local (start one here), auto (join the running one) or ray://HOST:PORT; needs pip install 'mtp-observe[ray]' (docs/scale.md).")] = None,
     replicas: Annotated[Optional[int], typer.Option("--replicas", metavar="N", help="With --ray: model replicas (Ray actors, each loads the model once; default: the cluster's GPUs / --gpus-per-replica, 1 without GPUs).")] = None,
     gpus_per_replica: Annotated[Optional[float], typer.Option("--gpus-per-replica", metavar="G", help="With --ray: GPUs per replica, on one node (the target spread over them with device_map when G > 1; default 1 when the cluster has GPUs, else 0).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the estimate of the work (tokens to prefill, anchors to draft, a time range from a short calibration on the model) and exit, writing nothing.")] = False,
 ) -> None:
     """Replay sessions through the target with the MTP head (and other drafters) alongside; write the run directory."""
     from ..drafters.roster import NEEDS_MTP, parse_drafters
     from ..drafters.suffix import SuffixConfig
+    from ..estimate import estimate_line
     from ..manifest import default_run_dir
-    from ..pipeline import ReplayOptions, replay as run_replay
+    from ..pipeline import ReplayOptions, replay as run_replay, replay_estimate
     from ..progress import ProgressDisplay
 
     _check_on_error(on_error)
@@ -168,11 +170,15 @@ def replay(
                          suffix=suffix_config, part_sessions=part_sessions, head_engine=head_reading, shard=shard_spec,
                          ray=ray_options, serve_device=serve_device, fp8_activations=fp8_activations,
                          trees=trees)
+    if dry_run:
+        say(out, estimate_line(replay_estimate(files, model_dir, opts)))
+        return
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
     try:
-        # A live line on a terminal, cleared when it stops (a failure leaves its error line alone); a plain
-        # line every --progress-every seconds without one.
-        with ProgressDisplay(err, live=rank0 and err.is_terminal, every_s=progress_every if rank0 else 0, say=say) as progress:
+        # The estimate first; then a live line on a terminal, cleared when it stops (a failure leaves its error line
+        # alone); a plain line every --progress-every seconds without one.
+        with ProgressDisplay(err, live=rank0 and err.is_terminal, every_s=progress_every if rank0 else 0, say=say,
+                             on_estimate=lambda line: say(out, line)) as progress:
             run_dir = run_replay(files, model_dir, out_path, opts, bundled=bundled, observer=progress if rank0 else None)
     except KeyboardInterrupt:  # run.json says "failed"; every finished session's part is complete on disk
         if rank0:

@@ -14,6 +14,7 @@ from .head import (
     MtpHead,
     RowPass,
     _lower_right,
+    anchor_block,
     build_head,
     log_sum_exp_shifted_,
 )
@@ -32,7 +33,7 @@ from .rope import (
 __all__ = [
     "ATTENTION_BUDGET", "LOGITS_BUDGET", "QWEN_READING", "CausalBias", "DenseMlp", "Drafts", "GatedAttention",
     "GqaAttention", "GroupedMoeMlp", "MlaAttention", "MtpHead", "RowPass", "SparseMoeMlp", "_lower_right",
-    "apply_interleaved_rotary", "apply_partial_rotary", "build_attention", "build_head", "build_mlp", "causal_mask",
+    "anchor_block", "apply_interleaved_rotary", "apply_partial_rotary", "build_attention", "build_head", "build_mlp", "causal_mask",
     "log_sum_exp_shifted_", "rms_norm", "rotary_cos_sin", "rotary_frequencies", "rotary_inv_freq", "route",
     "route_grouped", "routed_experts", "softmax_scale", "yarn_mscale", "zero_centred_rms_norm",
 ]

@@ -139,6 +139,15 @@ class DecoderWeights(nn.Module):
         return own | self.attention.named_weights(prefix + "self_attn.") | self.mlp.named_weights(prefix + "mlp.")
 
 
+def anchor_block(num_heads: int, max_prefix: int, n_chain: int, budget: int) -> int:
+    """Anchors per chain attention block so that [nh, block, prefix + block * n_chain] stays within budget
+    (MtpHead.chain; estimate.chain_pairs counts the same blocks)."""
+    block = max(1, budget // (num_heads * max(1, max_prefix)))
+    while block > 1 and num_heads * block * (max_prefix + block * n_chain) > budget:
+        block //= 2
+    return block
+
+
 def layer_prefixes(g: HeadGeometry) -> list[str]:
     """The decoder layers' prefixes under the head's: Qwen `layers.0.`, `layers.1.`, ...; NextN the one layer ""."""
     return [f"layers.{i}." for i in range(g.num_layers)] if g.head == "mtp" else [head_names(g).layer]
@@ -438,12 +447,7 @@ class MtpHead(nn.Module):
         return states, ids, lps
 
     def _anchor_block(self, max_prefix: int, n_chain: int, budget: int) -> int:
-        """Anchors per attention block so that [nh, block, prefix + block * n_chain] stays within budget."""
-        nh = self.geometry.num_heads
-        block = max(1, budget // (nh * max(1, max_prefix)))
-        while block > 1 and nh * block * (max_prefix + block * n_chain) > budget:
-            block //= 2
-        return block
+        return anchor_block(self.geometry.num_heads, max_prefix, n_chain, budget)
 
     def topk_chunked(self, states: Tensor, k: int, budget: int = LOGITS_BUDGET) -> tuple[Tensor, Tensor, Tensor]:
         """states: [n, H] -> (ids [n, k] int64, probabilities [n, k] fp32, log-probabilities [n, k] fp32): the k most
