@@ -264,17 +264,17 @@ def test_a_device_spec_with_a_measured_cost_is_refused(tmp_path):
     assert r.returncode == 2 and "pass one of them" in r.stderr
 
 
-def test_the_readmes_worked_example_is_what_the_example_script_computes():
+def test_the_cost_pages_worked_example_is_what_the_example_script_computes():
     import importlib.util
 
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("cost_examples", root / "benchmarks" / "cost_examples.py")
     examples = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(examples)
-    readme = (root / "README.md").read_text()
-    section = readme[readme.index("### Worked example: 27B dense and 35B-A3B MoE on an H200"):]
+    page = (root / "docs" / "cost.md").read_text()
+    section = page[page.index("## Worked example: 27B dense and 35B-A3B MoE on an H200"):]
     for name in examples.MODELS:
-        assert examples.markdown(name) in section, f"README's {name} table is not the script's output"
+        assert examples.markdown(name) in section, f"docs/cost.md's {name} table is not the script's output"
     # the published numbers the geometries come from
     dense, moe = examples.geometry("27B dense"), examples.geometry("35B-A3B MoE")
     assert (dense.full_layers, dense.linear_layers, dense.num_kv_heads, dense.head_dim) == (16, 48, 4, 256)
@@ -301,9 +301,9 @@ def test_the_plot_gains_a_speedup_by_batch_size_panel_when_the_table_has_batch_s
     assert width(tmp_path / "three.png") == 2200 and width(tmp_path / "two.png") == 1650
 
 
-def test_the_readmes_cpu_probe_table_is_flagged_as_cpu_and_its_schedule_is_its_best_ks():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    heading = "### Measured: the bundled model on this CPU (flagged: CPU figures, not a GPU's)"
+def test_the_cost_pages_cpu_probe_table_is_flagged_as_cpu_and_its_schedule_is_its_best_ks():
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "cost.md").read_text()
+    heading = "## Measured: the bundled model on this CPU (flagged: CPU figures, not a GPU's)"
     section = readme[readme.index(heading):].split("\n## ", 1)[0]
     assert "--device cpu" in section and "do not stand for a GPU's" in section
     rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| ") and line[2].isdigit()]

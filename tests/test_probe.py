@@ -158,10 +158,10 @@ def test_probe_runs_on_cpu_and_writes_a_probe_json_the_report_reads(tiny_checkpo
     assert (probe["batch_sizes"], [b["batch"] for b in probe["batches"]]) == ([1], [1])
     assert probe["batches"][0]["target_decode"]["median_s"] == timings["target_decode"]
 
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("`probe.json` (`probe_version` 2"):]
+    page = (REPO / "docs" / "probe.md").read_text()
+    section = page[page.index("`probe.json` (`probe_version` 2"):]
     for key in PROBE_KEYS:
-        assert f"`{key}`" in section, f"README does not document probe.json's {key}"
+        assert f"`{key}`" in section, f"docs/probe.md does not document probe.json's {key}"
 
 
 def test_probe_option_mistakes_are_one_line(tiny_checkpoint):

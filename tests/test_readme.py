@@ -1,5 +1,6 @@
-"""The README is the user's first page: everything it names is in the repository, every mtp-observe line it shows
-names a command and options that exist, and the quickstart block runs as written."""
+"""The README is the user's first page and docs/*.md the reference: everything they name is in the repository,
+every mtp-observe line they show names a command and options that exist, every relative link (and its #anchor)
+resolves, and the quickstart block runs as written."""
 
 from __future__ import annotations
 
@@ -14,14 +15,15 @@ from .golden import check_golden, normalise
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+PAGES = {"README.md": README} | {f"docs/{p.name}": p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))}
 DESIGN_DOCS = ("SESSIONS.md", "PRODUCT.md", "ACCEPTANCE.md", "MTP_HEAD.md", "LOG_FORMATS.md", "STYLE.md")
 
 
-def code_lines() -> list[str]:
+def code_lines(text: str = README) -> list[str]:
     """Lines of fenced code blocks and of indented (4-space) blocks, continuation lines joined to their command."""
     out: list[str] = []
     fenced = False
-    for line in README.splitlines():
+    for line in text.splitlines():
         if line.startswith("```"):
             fenced = not fenced
             continue
@@ -34,9 +36,9 @@ def code_lines() -> list[str]:
     return out
 
 
-def mtp_observe_calls() -> list[list[str]]:
-    texts = [ln for ln in code_lines() if "mtp-observe " in ln]
-    texts += re.findall(r"`(mtp-observe [^`]+)`", README)
+def mtp_observe_calls(page: str = README) -> list[list[str]]:
+    texts = [ln for ln in code_lines(page) if "mtp-observe " in ln]
+    texts += re.findall(r"`(mtp-observe [^`]+)`", page)
     calls = []
     for text in texts:
         text = text.split(" #", 1)[0]
@@ -59,15 +61,14 @@ def test_the_readme_says_near_the_top_what_the_bundled_model_is_for_and_that_a_v
         assert said in text, said
 
 
-def test_every_mtp_observe_line_in_the_readme_names_an_existing_command_and_options():
+def check_calls(calls: list[list[str]], where: str) -> set[str]:
+    """Every call names a command and options of it (or root options); returns the commands called."""
     import typer.main
 
     from mtp_observe.cli import app
 
     group = typer.main.get_command(app)
     root_options = {opt for p in group.params for opt in p.opts} | {"-h", "--help"}
-    calls = mtp_observe_calls()
-    assert len(calls) > 30
     seen = set()
     for call in calls:
         words = [w.strip("[]|,.'\"") for w in call[1:]]
@@ -75,16 +76,94 @@ def test_every_mtp_observe_line_in_the_readme_names_an_existing_command_and_opti
         if not words:  # `mtp-observe ...` in prose
             continue
         if words[0].startswith("-"):
-            assert all(w in root_options for w in words if w.startswith("-")), call
+            assert all(w in root_options for w in words if w.startswith("-")), (where, call)
             continue
-        assert words and words[0] in group.commands, f"no command {words[:1]} in {' '.join(call)}"
+        assert words and words[0] in group.commands, f"{where}: no command {words[:1]} in {' '.join(call)}"
         seen.add(words[0])
         command = group.commands[words[0]]
         known = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)} | {"-h", "--help"}  # --x/--no-x
         for w in words[1:]:
             if re.fullmatch(r"--?[a-z][a-z0-9-]*(=.*)?", w):
-                assert w.split("=")[0] in known, f"mtp-observe {words[0]} has no option {w} ({' '.join(call)})"
-    assert seen == set(group.commands), f"the README shows no call of {set(group.commands) - seen}"
+                assert w.split("=")[0] in known, f"{where}: mtp-observe {words[0]} has no option {w} ({' '.join(call)})"
+    return seen
+
+
+def all_commands() -> set[str]:
+    import typer.main
+
+    from mtp_observe.cli import app
+
+    return set(typer.main.get_command(app).commands)
+
+
+def test_every_mtp_observe_line_in_the_readme_names_an_existing_command_and_options():
+    calls = mtp_observe_calls(README)
+    assert len(calls) > 30
+    seen = check_calls(calls, "README.md")
+    assert seen == all_commands(), f"the README shows no call of {all_commands() - seen}"
+
+
+def test_every_mtp_observe_line_in_every_docs_page_names_an_existing_command_and_options():
+    seen: set[str] = set()
+    counted = 0
+    for name, text in PAGES.items():
+        if name == "README.md":
+            continue
+        calls = mtp_observe_calls(text)
+        counted += len(calls)
+        seen |= check_calls(calls, name)
+    assert counted > 60 and len(PAGES) > 15
+    assert seen == all_commands(), f"no docs page shows a call of {all_commands() - seen}"
+
+
+def test_a_wrong_command_or_option_on_a_page_is_caught():
+    """The checks above can fail: a made-up option, a made-up command."""
+    import pytest
+
+    for bad in ("`mtp-observe replay x.jsonl --no-such-option`", "    mtp-observe frobnicate x"):
+        with pytest.raises(AssertionError):
+            check_calls(mtp_observe_calls(bad), "made-up page")
+    with pytest.raises(AssertionError):
+        check_links("made-up.md", "[a](docs/missing.md) [b](docs/report.md#no-such-heading)")
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation but - and _ dropped, spaces to -; repeats get -1, -2, ..."""
+    out: set[str] = set()
+    fenced = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        m = None if fenced else re.match(r"#{1,6} (.*)", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            base, n = slug, 0
+            while slug in out:
+                n += 1
+                slug = f"{base}-{n}"
+            out.add(slug)
+    return out
+
+
+def check_links(name: str, text: str) -> int:
+    """Every relative [x](path) and [x](path#anchor) of the page (at ROOT/name) resolves; returns how many."""
+    here = (ROOT / name).parent
+    count = 0
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (here / path).resolve() if path else ROOT / name
+        assert file.exists(), f"{name} links {target}, which is not in the repository"
+        if anchor and file.suffix == ".md":
+            assert anchor in anchors(file.read_text()), f"{name} links {target}: no heading #{anchor} there"
+        count += 1
+    return count
+
+
+def test_every_relative_link_in_the_readme_and_the_docs_pages_resolves_to_a_file_and_heading():
+    counted = sum(check_links(name, text) for name, text in PAGES.items())
+    assert counted > 50
 
 
 def test_the_readme_needs_nothing_outside_the_repository():

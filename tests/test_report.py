@@ -553,11 +553,11 @@ def test_the_json_has_stable_documented_keys(hand_run):
     assert data["overall"]["value"]["tau"] == pytest.approx([1 + 7 / 11, 1 + 7 / 11 + 3 / 8])
     assert data["slices"]["segment"][2]["value"]["alpha"][1] is None  # NaN (no tool_call row at depth 2) is null
     assert data["baseline"] is None
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("### `report` JSON"):]
+    page = (REPO / "docs" / "report-json.md").read_text()
+    section = page[page.index("# `report` JSON"):]
     for key in (REPORT_KEYS | RATES_KEYS | RECORDED_KEYS | BATCH_KEYS | COST_KEYS
                 | VERDICT_KEYS | {"context", "unit", "schema_version", "shared", "paired", "batches"}):
-        assert f"`{key}`" in section, f"README's report JSON section does not document {key}"
+        assert f"`{key}`" in section, f"docs/report-json.md does not document {key}"
 
 
 def test_markdown_has_the_verdict_and_one_table_row_per_k(big_run):
@@ -739,7 +739,7 @@ def test_tokens_that_split_a_utf8_character_are_shown_together(tiny_checkpoint):
 def test_on_a_long_on_policy_run_of_a_tiny_model_tau_and_tau_sim_agree_within_2_percent(make_checkpoint, tmp_path):
     """A tiny random model with 8 tokens generates 3,000 tokens greedily; its random head's drafts are accepted
     at about one anchor in six, with no structure to bunch them, so τ(K) and τ_sim(K) agree. (On the bundled
-    trained model acceptance comes in runs and they do not: README, "τ(K) and τ_sim(K)".)"""
+    trained model acceptance comes in runs and they do not: docs/report.md, "Why τ(K) and τ_sim(K) differ".)"""
     import torch
 
     from mtp_observe.pipeline import ReplayOptions, load_model, replay
