@@ -1,4 +1,4 @@
-"""The roofline at published Qwen3.5 dimensions: the README's worked example ("Speedup by batch size").
+"""The roofline at published Qwen3.5 dimensions: docs/cost.md's worked example ("Speedup by batch size").
 
     python benchmarks/cost_examples.py [--device h200] [--context 4096] [--tau 1.685,2.141,2.486,2.757]
 
@@ -18,7 +18,7 @@ cost.roofline_times, the speedup cost.batch_speedup. Where each number comes fro
               config.json's DeltaNet and MoE fields agree (Qwen3.6-27B's config.json: text_config) and add
               mamba_ssm_dtype float32; the MTP layer's MLP is the same sparse MoE block (MTP_HEAD.md).
   the device  cost.DEVICES (sources in cost.py); BF16 weights and KV cache.
-  τ_sim       by default the quickstart's (the bundled model on the demo sessions, README): a stand-in for
+  τ_sim       by default the quickstart's (the bundled model on the demo sessions, README.md): a stand-in for
               your traffic's, which is what `mtp-observe report` puts there. The break-even τ does not
               depend on it.
 """
@@ -72,7 +72,7 @@ def example(name: str, device: str = "h200", context: float = 4096, tau=QUICKSTA
 
 
 def markdown(name: str, device: str = "h200", context: float = 4096, tau=QUICKSTART_TAU) -> str:
-    """The README's table for one model."""
+    """docs/cost.md's table for one model."""
     e = example(name, device, context, tau)
     t, K = e["times"], len(tau)
     lines = [f"| B | decode (ms) | verify of {K + 1} (ms) | draft (ms) | c_B | v_B({K}) | break-even τ_sim K=1..{K} | "

@@ -823,7 +823,7 @@ def weights_fingerprint(info: CheckpointInfo, whole_file_limit: int = WHOLE_FILE
     name, size and whole safetensors header, and of BLOCKS_PER_TENSOR blocks of FINGERPRINT_BLOCK bytes
     spread evenly over the data region of every tensor of every shard (a tensor smaller than that is
     read whole), so that new values in any tensor — a fine-tune, a retrained head alone — change it. It
-    reads about tensors x 64 kB (a Qwen3.5-27B checkpoint: ~60 MB of its 55 GB; README, "Resume").
+    reads about tensors x 64 kB (a Qwen3.5-27B checkpoint: ~60 MB of its 55 GB; docs/replay.md, `--resume`).
     A change confined to a few bytes no sampled block covers is not seen: that is the price of not
     reading 60 GB at every start.
     """

@@ -79,7 +79,7 @@ context of C tokens per sequence; the step takes max(bytes / bandwidth, FLOPs / 
                    lm_head, B embedding rows, the head's own KV: B·C rows read, B written
     draft FLOPs    2 · (head parameters + lm_head) · B (routed at top-k) + 4 · nh · d · (C + 1) · B
 
-What the roofline leaves out (README, "Speedup by batch size"): scheduler and sampler overheads, kernel
+What the roofline leaves out (docs/cost.md, "Speedup by batch size"): scheduler and sampler overheads, kernel
 launch latency and CUDA graphs (small models are latency-bound, not bandwidth-bound), the first draft
 forward over the K+1 verified positions (vLLM's proposer runs the head over every accepted position;
 counted here as one row per sequence), tree attention, tensor/expert parallelism, and the KV capacity
@@ -542,7 +542,7 @@ def geometry_of_checkpoint(info) -> Geometry:
 
 def config_tensors(text_config: dict, family: str = "qwen3_5", tied: bool = False) -> list:
     """The tensors a Qwen3.5 (dense) or Qwen3.5-MoE checkpoint of this text config holds (names in the text
-    layout, BF16), from the config alone: for worked examples at published dimensions (README) without
+    layout, BF16), from the config alone: for worked examples at published dimensions (docs/cost.md) without
     downloading a checkpoint. tests/test_cost.py checks it against real headers of tiny checkpoints."""
     from .checkpoint import TensorEntry
     from .families import expected_head_shapes, geometry_from_config

@@ -167,7 +167,7 @@ def drafter_cost(cost: Cost, drafter: str) -> Cost:
     and only then weighs suffix decoding's draft against it (arctic_inference/vllm/model_runner.py @ 9d464388,
     `propose_draft_token_ids`), so a hybrid pays the head's draft step whichever draft it keeps. ngram and
     suffix: c = 0 — they draft on the CPU from the tokens alone, between target steps, with no GPU work (their CPU
-    time, run.json timing.drafting, is microseconds per draft against a target step of milliseconds: README,
+    time, run.json timing.drafting, is microseconds per draft against a target step of milliseconds: docs/drafters.md,
     "Model-free drafters"). The verify term v(K) is every drafter's: verifying K+1 tokens costs the target the
     same whoever drafted them."""
     if drafter not in MODEL_FREE_DRAFTERS or cost.source == "model-free":

@@ -471,7 +471,7 @@ def _provenance(reading: Reading, n: EngineNumbers) -> dict:
         "run": str(report.path), "model": (report.manifest.get("model") or {}).get("path"),
         "sessions": len(report.sessions), "k": n.k, "verdict": report.verdict.status,
         "recorded_with": rec.label if rec is not None else None,
-        "counted_as": "vLLM's counters over the steps the simulated decode makes (mtp-observe README, "
+        "counted_as": "vLLM's counters over the steps the simulated decode makes (mtp-observe docs/engines.md, "
                       "'Using the numbers in your engine')",
     }
 

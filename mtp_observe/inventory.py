@@ -250,7 +250,7 @@ def head_storage(inv: Inventory) -> dict:
 
 
 def inventory_json(inv: Inventory) -> dict:
-    """The same numbers as the table, for machines. Byte counts are integers (keys in README's inspect section)."""
+    """The same numbers as the table, for machines. Byte counts are integers (keys in docs/inspect.md)."""
     def tensor(e: TensorEntry, role: str | None = None) -> dict:
         d = {"name": e.name, "shape": list(e.shape), "dtype": e.dtype, "params": e.numel, "bytes": e.nbytes}
         return d | ({"role": role} if role else {})

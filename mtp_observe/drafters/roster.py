@@ -10,7 +10,7 @@ input order, turns a request's tokens (and the MTP head's drafts, when a hybrid 
                                           columns; NO_TOKEN after them, and where nothing was proposed)
     Drafts.from_model [A, V] bool | None  where the draft is the model drafter's (None: nowhere)
 
-Two kinds of drafter (README, "Model-free drafters"):
+Two kinds of drafter (docs/drafters.md, "Model-free drafters"):
     prefix-consistent: the draft at K is the first K tokens of the draft at Kmax (mtp, ngram) —
         one variant, K' = Kmax, answers every K, as ACCEPTANCE.md says for the head;
     per-K: the draft at K is chosen by a K-dependent rule (suffix: its match is picked by a score that

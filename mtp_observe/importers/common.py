@@ -10,7 +10,7 @@ The canonical session an importer yields (SESSIONS.md, OpenAI chat form):
 
     {"id": str, "messages": [...], "tools": [...]?, "meta": META}
 
-META has the same six keys for every format (README.md, "import"):
+META has the same six keys for every format (docs/sessions.md, "The `import` command"):
 
     "importer": {"format": "tau2-bench", "file": "<path as given>", "record": "simulations[3]"}
     "original": {...}     format-specific ids and labels of the record (task_id, trial, session_id, model, ...)

@@ -14,7 +14,7 @@ Its stages, in the order the data flows (each module opens with its own contract
     trees        the tree configurations and layer rules of the run, by the same functions, beside the chain
     baseline     compare(report, baseline) -> Comparison
     reading      read_and_summarize(path, ...) -> Reading: all of the above, as `mtp-observe report` runs it
-    document     report_json(report, comparison): the stable JSON (`--format json`, keys in README.md)
+    document     report_json(report, comparison): the stable JSON (`--format json`, keys in docs/report-json.md)
 
 The speedup's denominator (--probe, --draft-cost, the roofline; per batch size) is mtp_observe.denominator,
 beside cost.py. Counts are taken here; rates are derived only in metrics.py; presenting lives in

@@ -2,7 +2,7 @@
 
 Contract:
     report_json(report, comparison=None) -> dict
-                                     keys documented in README.md ("report JSON"); NaN becomes null; REPORT_VERSION
+                                     keys documented in docs/report-json.md; NaN becomes null; REPORT_VERSION
                                      is bumped on an incompatible key change
 """
 
@@ -96,7 +96,7 @@ def plain_cost_json(cost: Cost) -> dict:
 
 
 def drafters_json(report: Report) -> dict:
-    """report JSON `drafters`: every drafter of the run on the same anchors (README, "report JSON")."""
+    """report JSON `drafters`: every drafter of the run on the same anchors (docs/report-json.md)."""
     def maybe(x):
         return _num(x) if x is not None else None
 
@@ -182,7 +182,7 @@ def verdict_json(report: Report) -> dict:
 
 
 def trees_json(report: Report) -> list[dict]:
-    """report JSON `trees`: one object per replayed tree configuration (README, "report JSON"; report/trees.py)."""
+    """report JSON `trees`: one object per replayed tree configuration (docs/report-json.md; report/trees.py)."""
     out = []
     for t in report.trees:
         o, S = t.overall, t.steps
