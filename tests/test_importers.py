@@ -488,7 +488,7 @@ def test_an_output_path_that_cannot_be_written_is_one_line_and_leaves_nothing_be
 
 def test_an_import_that_finds_no_session_is_refused_in_one_line_and_writes_nothing(tmp_path):
     """`import auto` on a directory of files none of which is a log (each skipped), or on a log whose every record is
-    skipped, used to write an empty file with exit 0; the README says such an input is refused (#27 item 7)."""
+    skipped, used to write an empty file with exit 0; docs/errors.md says such an input is refused (#27 item 7)."""
     from .fuzzing import run_cli
 
     directory = tmp_path / "logs"

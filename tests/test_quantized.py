@@ -120,7 +120,7 @@ def test_an_fp8_checkpoint_replays_with_exactly_the_rows_of_its_dequantised_floa
     assert manifest["model"]["numerics"].startswith("fp8 e4m3 weights (128x128 blocks")
     assert manifest["model"]["numerics"].endswith("dequantised to float32")
     # The FP8 rows are not the unquantised original's (e4m3 is lossy); how far, on a random tiny model
-    # (-s prints it) and on the trained bundled model (benchmarks/fp8_distance.py), is in the README.
+    # (-s prints it) and on the trained bundled model (benchmarks/fp8_distance.py), is in docs/inspect.md ("Quantised checkpoints").
     original, _ = replay_rows(src, tmp_path / "original" / "run")
     gap = (rows.target_logprob - original.target_logprob).abs().max()
     print(f"\n{family} {scale_dtype}: vs the unquantised original, target tokens equal "
