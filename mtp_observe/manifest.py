@@ -99,6 +99,8 @@ def identity(info, files, opts, dtype, device: str, ranks, fallback, fallback_na
         "options": {"chunk_size": opts.chunk_size, "on_error": opts.on_error, "max_sessions": opts.max_sessions,
                     "device_map": opts.device_map},
         "rendering": opts.template.manifest() if opts.template is not None else None,
+        "whatifs": ({"head_precision": list(opts.head_precisions), "draft_p_min": [float(t) for t in opts.draft_p_min]}
+                    if opts.head_precisions or opts.draft_p_min else None),
         "tool_version": __version__,
     }
 
@@ -179,6 +181,7 @@ def start_manifest(out: Path, opts, info, identity: dict, bundled: bool, world: 
             "roofline": inventory.roofline(precision),
             "roofline_by_precision": {p: inventory.draft_cost(p) for p in ["stored", "BF16", "FP8", "Q8_0", "Q6_K", "Q4_K"]},
             "cost_geometry": geometry_of_checkpoint(info).as_dict(),
+            "head_precisions": head_precision_costs(info, opts.head_precisions, inventory, precision),
             "generation_config": generation.as_dict() if generation is not None else None,
             **text_config_limits(info.text_config),
         }
@@ -207,6 +210,26 @@ def start_manifest(out: Path, opts, info, identity: dict, bundled: bool, world: 
     return manifest
 
 
+def head_precision_costs(info, precisions, inventory, served: str) -> dict | None:
+    """run.json model.head_precisions: per what-if precision its recipe (precisions.py) and what a draft step reads
+    (cost.Geometry's head fields at that precision), with the batch-1 bytes ratio c against the target as served."""
+    if not precisions:
+        return None
+    from .precisions import head_recipes, head_shapes, recipe_bytes
+
+    g = info.geometry
+    shapes = head_shapes(g)
+    experts = g.moe.num_experts if g.moe is not None else 0
+    top_k = g.moe.experts_per_token if g.moe is not None else 0
+    target = inventory.target_step_bytes(served)
+    out = {}
+    for name, r in head_recipes(info, precisions).items():
+        b = recipe_bytes(r, shapes, (g.vocab_size, g.hidden_size), experts)
+        step = b["head_dense_bytes"] + b["head_expert_bytes"] * top_k + b["lm_head_bytes"]
+        out[name] = {**r.as_dict(), **b, "draft_step_bytes": step, "draft_cost": step / target}
+    return out
+
+
 COUNT_KEYS = ("sessions_ok", "sessions_skipped", "requests", "tokens_replayed", "scored_tokens", "anchors", "rows")
 MAX_KEYS = ("max_request_tokens",)  # counts merged by their maximum, not their sum
 
@@ -225,7 +248,10 @@ def finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> No
         from .parts import counts_on_disk
 
         drafters = manifest.get("drafters") or {}
-        draft_ks = [kk for d in drafters.values() for kk in d.get("draft_k", [])] if set(drafters) - {"mtp"} else None
+        precisions = (manifest.get("whatifs") or {}).get("head_precision") or []
+        draft_ks = [kk for d in drafters.values() for kk in d.get("draft_k", [])] if set(drafters) - {"mtp"} or precisions \
+            else None
+        draft_ks = draft_ks + [manifest["k"]] * len(precisions) if draft_ks is not None else None
         on_disk = counts_on_disk(out, manifest["k"], draft_ks)
         counts = {**counts, **on_disk, "sessions_skipped": counts["sessions_skipped"]}
     manifest["counts"] = counts

@@ -18,6 +18,12 @@ the model directory need hold only the tokenizer (and generation_config.json for
 have no target columns, and the run runs on the CPU (`model_free_request`). Suffix decoding's global tree is fed
 every session of the input in input order on every rank (`_replay_sessions`), so rows do not depend on the
 number of ranks or on resuming.
+
+What-ifs (`--head-precision`, `--draft-p-min`; docs/whatifs.md): a copy of the head per precision
+(precisions.head_at, built once) runs its own row pass and chain at the same anchors of every request; its rows
+join the served head's in the one target reduction and are written after them with `head_precision` set
+(`HeadWhatIfs`, `_with_whatif_rows`). The thresholds need only every head draft's confidence
+(`draft_confidence`); the report walks them.
 """
 
 from __future__ import annotations
@@ -120,6 +126,8 @@ class ReplayOptions:
     ngram: object = None  # drafters.ngram.NgramConfig (--ngram MIN,MAX); None: vLLM's defaults
     suffix: object = None  # drafters.suffix.SuffixConfig (--suffix-*); None: vLLM's defaults
     part_sessions: int = 256  # sessions per part file at most (parts.py; 1: a part per session, as before grouping)
+    head_precisions: tuple = ()  # --head-precision: precisions.PRECISIONS names, the head re-run at each (what-ifs)
+    draft_p_min: tuple = ()  # --draft-p-min: thresholds in [0, 1] for the confidence-stopped what-if (the report's)
 
 
 class Observer:
@@ -157,6 +165,7 @@ class Carry:
 
     target: object  # target.TargetPrefix after tokens [0, length)
     rows: object  # mtp.RowPass, rows 0..length-2 (row i needs x_{i+1}, also shared)
+    whatif_rows: dict | None = None  # precision -> that head's RowPass over the same rows (HeadWhatIfs)
 
     @property
     def length(self) -> int:
@@ -172,9 +181,23 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+@dataclass(frozen=True)
+class HeadWhatIfs:
+    """What a replay runs beside the served head (docs/whatifs.md): the head at other precisions on the same anchors,
+    and llama.cpp's confidence of every head draft (the confidence-stopped what-if, computed by the report)."""
+
+    heads: dict  # precision -> MtpHead (precisions.head_at), in --head-precision order
+    confidence: bool  # --draft-p-min: the rows carry draft_confidence
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.heads)
+
+
 def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size: int,
                    carry: Carry | None = None, keep_at: int | None = None, drafters=None,
-                   keep: int | None = None, recorder=None, on_tokens=None) -> tuple[dict, dict, Carry | None]:
+                   keep: int | None = None, recorder=None, on_tokens=None,
+                   whatifs: HeadWhatIfs | None = None) -> tuple[dict, dict, Carry | None]:
     """One request through the target and the head: the columns of its rows, the recording-sampler sums
     of its spans (RequestResult.fit), and what the next request reuses.
 
@@ -191,6 +214,11 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     drafters (a drafters.roster.Roster): every drafter of the roster drafts at the same anchors (fed the
     head's drafts for the hybrids; keep: the prefix the next request shares, a hint for suffix decoding)
     and its rows come out with `drafter`/`draft_k` columns (`drafter_columns`); None: the head's rows only.
+
+    whatifs (HeadWhatIfs): each precision's head runs its own row pass (its KV cache is its own) and chain at the
+    same anchors; its rows join the same target reduction (the target's logits once per position) and come out
+    after the served head's with `head_precision` set (null on the served rows); with confidence every head row
+    carries `draft_confidence` (NaN on other drafters' rows).
     """
     from .acceptance import anchor_plan, request_rows, row_index
     from .target import Turns, prefill, reduce_logits
@@ -215,10 +243,19 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     if recorder is not None:
         recorder.end_request(carry.length if carry else 0, [(sp.start, sp.end) for sp in request.spans])
     P = carry.length - 1 if carry else 0  # rows 0..P-1 come from the previous request
+    confident = whatifs is not None and whatifs.confidence
     rows = model.head.row_pass(hidden[P:-1], ids[P + 1 :].to(hidden.device), chunk_size=chunk_size,
                                prefix=carry.rows if carry else None)  # 2
-    drafts = model.head.chain(rows, plan.anchors, plan.depths)
-    following = Carry(kept, model.head.rows_prefix(rows, keep_at - 1)) if kept is not None else None
+    drafts = model.head.chain(rows, plan.anchors, plan.depths, confidence=confident)
+    other, other_rows = {}, {}  # precision -> its head's Drafts, and the rows the next request reuses
+    for name, head in (whatifs.heads if whatifs is not None else {}).items():
+        own = head.row_pass(hidden[P:-1], ids[P + 1 :].to(hidden.device), chunk_size=chunk_size,
+                            prefix=carry.whatif_rows[name] if carry else None)
+        other[name] = head.chain(own, plan.anchors, plan.depths, confidence=confident)
+        if kept is not None:
+            other_rows[name] = head.rows_prefix(own, keep_at - 1)
+        del own
+    following = Carry(kept, model.head.rows_prefix(rows, keep_at - 1), other_rows) if kept is not None else None
     del rows
     a, k = index.anchor_index, index.depth
     turns = Turns(ids, torch.tensor([sp.start for sp in request.spans], dtype=torch.long),
@@ -227,18 +264,78 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     def reduce(positions, tokens, actuals):
         return reduce_logits(model.target.lm_head.weight, hidden, positions, tokens, actuals, tuple(profiles), turns=turns)
 
+    # The what-if heads' rows (the Kmax plan's) ride in the same reduction as the served rows, after them.
+    extra_tokens = [d.tokens.cpu()[a, k - 1] for d in other.values()]
+    served_reduce, whatif_reductions = _reduce_with(reduce, index.target_position, ids[index.actual_position], extra_tokens)
     if drafters is not None:
         groups = drafters.draft(ids.numpy(), request.spans, keep=keep, mtp=drafts.tokens.cpu().numpy())
-        columns, reductions = drafter_columns(ids, segments, request.spans, groups, drafts.logprobs.cpu(), reduce)  # 3, 4
+        columns, reductions = drafter_columns(ids, segments, request.spans, groups, drafts.logprobs.cpu(), served_reduce)  # 3, 4
     else:
-        reductions = reduce(index.target_position, drafts.tokens.cpu()[a, k - 1], ids[index.actual_position])  # 3
+        reductions = served_reduce(index.target_position, drafts.tokens.cpu()[a, k - 1], ids[index.actual_position])  # 3
         columns = request_rows(ids, segments, plan, index, drafts.tokens, drafts.logprobs, reductions, k_max)  # 4
         check_finite(columns)
+    if whatifs is not None:
+        columns = _with_whatif_rows(columns, whatifs, drafts, other, whatif_reductions(), ids, segments, plan, index, k_max,
+                                    drafters)
     fit = {"tokens": reductions.fit_tokens.cpu().numpy()}
     for name, sums in reductions.fit.items():
         for stat in ("support", "q", "q2", "var", "ll"):
             fit[f"{stat}_{name}"] = getattr(sums, stat).cpu().numpy()
     return columns, fit, following
+
+
+def _reduce_with(reduce, positions: torch.Tensor, actuals: torch.Tensor, extra_tokens: list):
+    """(a reduce that also reduces len(extra_tokens) more blocks of rows — each the Kmax plan's positions with other
+    drafts — in the same call, and a function giving their Reductions once it has run). Without extra rows: reduce."""
+    if not extra_tokens:
+        return reduce, lambda: []
+    from .target import Reductions
+
+    held = {}
+
+    def served(p, t, x):
+        n = p.shape[0]
+        r = reduce(torch.cat([p] + [positions] * len(extra_tokens)), torch.cat([t] + extra_tokens),
+                   torch.cat([x] + [actuals] * len(extra_tokens)))
+        R = positions.shape[0]
+        held["extra"] = [_rows_of(r, n + i * R, n + (i + 1) * R) for i in range(len(extra_tokens))]
+        head = _rows_of(r, 0, n)
+        return Reductions(head.target_token, head.target_logprob, head.actual_logprob, head.p_accept,
+                          fit_tokens=r.fit_tokens, fit=r.fit)
+
+    return served, lambda: held["extra"]
+
+
+def _with_whatif_rows(columns: dict, whatifs: HeadWhatIfs, drafts, other: dict, reductions: list, ids, segments, plan,
+                      index, k_max: int, drafters) -> dict:
+    """The served rows with `head_precision` (-1: served) and, with confidence, `draft_confidence` (the head's rows;
+    NaN elsewhere), followed by every what-if precision's rows (drafter mtp, draft_k Kmax in a run of drafters)."""
+    import numpy as np
+
+    from .acceptance import request_rows
+
+    a, k = index.anchor_index, index.depth
+    R = len(columns["pos"])
+    columns = dict(columns, head_precision=np.full(R, -1, dtype=np.int8))
+    head_rows = np.ones(R, dtype=bool)
+    if drafters is not None:
+        head_rows = columns["drafter"] == list(drafters.names).index("mtp")
+    if whatifs.confidence:
+        confidence = np.full(R, np.nan)
+        confidence[head_rows] = drafts.confidence.cpu()[a, k - 1].numpy()
+        columns["draft_confidence"] = confidence
+    out = [columns]
+    for code, (name, d) in enumerate(other.items()):
+        cols = request_rows(ids, segments, plan, index, d.tokens, d.logprobs, reductions[code], k_max)
+        check_finite(cols)
+        cols["head_precision"] = np.full(len(cols["pos"]), code, dtype=np.int8)
+        if whatifs.confidence:
+            cols["draft_confidence"] = d.confidence.cpu()[a, k - 1].numpy()
+        if drafters is not None:
+            cols["drafter"] = np.full(len(cols["pos"]), list(drafters.names).index("mtp"), dtype=np.int8)
+            cols["draft_k"] = np.full(len(cols["pos"]), k_max, dtype=np.int8)
+        out.append(cols)
+    return {name: np.concatenate([c[name] for c in out]) for name in columns}
 
 
 def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, head_logprobs: torch.Tensor | None,
@@ -352,11 +449,12 @@ def check_finite(columns: dict, head=None) -> None:
 
 
 def replay_session(model: LoadedModel | None, requests, k_max: int, profiles, chunk_size: int,
-                   drafters=None, recorder=None, observer: Observer | None = None) -> list[RequestResult]:
+                   drafters=None, recorder=None, observer: Observer | None = None,
+                   whatifs: HeadWhatIfs | None = None) -> list[RequestResult]:
     """Every request of one session, in order, each starting from the prefix it shares with the one before.
     model None: the model-free drafters of `drafters` alone (no weights, no target). recorder
     (routing.RouterRecorder) accumulates the session's router window sums. observer: hears each request start
-    and its tokens as they are done (Observer.request, .tokens)."""
+    and its tokens as they are done (Observer.request, .tokens). whatifs: replay_request's."""
     out, carry = [], None
     for r, request in enumerate(requests):
         if observer is not None:
@@ -374,7 +472,8 @@ def replay_session(model: LoadedModel | None, requests, k_max: int, profiles, ch
             keep_at = len(request.input_ids) - 1  # the next request extends this one: keep all but the last token
         columns, fit, carry = replay_request(model, request, k_max, profiles, chunk_size, carry=carry, keep_at=keep_at,
                                              drafters=drafters, keep=shared, recorder=recorder,
-                                             on_tokens=observer.tokens if observer is not None else None)
+                                             on_tokens=observer.tokens if observer is not None else None,
+                                             whatifs=whatifs)
         out.append(RequestResult(request.index, columns, fit))
     return out
 
@@ -426,6 +525,15 @@ def _check_options(opts: ReplayOptions) -> None:
         raise OptionError(f"--device-map {opts.device_map}: only auto is supported (accelerate places the layers)")
     if opts.max_sessions is not None and opts.max_sessions < 1:
         raise OptionError(f"--max-sessions {opts.max_sessions}: must be at least 1")
+    for theta in opts.draft_p_min:
+        if not (isinstance(theta, (int, float)) and 0.0 <= theta <= 1.0):
+            raise OptionError(f"--draft-p-min {theta}: a threshold is a probability, 0 to 1 (0: fixed K; 1: never draft)")
+    if len(set(opts.draft_p_min)) != len(opts.draft_p_min):
+        raise OptionError("--draft-p-min: a threshold repeats; give each once")
+    if (opts.head_precisions or opts.draft_p_min) and "mtp" not in opts.drafters:
+        which = "--head-precision" if opts.head_precisions else "--draft-p-min"
+        raise OptionError(f"{which} re-runs or reads the MTP head, which --drafters {','.join(opts.drafters)} leaves "
+                          "out; add mtp to --drafters")
     names = [p.name for p in opts.profiles]
     for name in names:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
@@ -517,6 +625,10 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
         device = f"cuda:{ranks.local_rank}"
     dtype = resolve_dtype(opts.dtype, device) if not model_free else None
     info = read_checkpoint(model_dir) if not model_free else None  # model-free: no weights, not even their headers
+    if info is not None and opts.head_precisions:
+        from .precisions import head_recipes
+
+        head_recipes(info, opts.head_precisions)  # a shape a format cannot store is refused before anything is written
 
     # 1. Rank 0 locks the directory, checks it (fresh, --resume or --overwrite) against this run's identity.
     failure, manifest, lock = None, None, None
@@ -632,8 +744,16 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
                                        overrides=opts.template)
     server_default = (generation_config_profile(model.info.path) or VLLM_DEFAULTS) if model is not None else None
     names = [p.name for p in opts.profiles] + [RECORDED] if model is not None else []
-    draft_ks = [kk for n in roster.names for kk in roster_draft_ks(n, opts.k)]
-    finished = parts.finished_sessions(out, opts.k, draft_ks if with_drafters else None, on_damaged=lambda path, why:
+    draft_ks = [kk for n in roster.names for kk in roster_draft_ks(n, opts.k)] + [opts.k] * len(opts.head_precisions)
+    with_whatifs = model is not None and bool(opts.head_precisions or opts.draft_p_min)
+    whatifs = None
+    if with_whatifs:
+        from .precisions import head_at, head_recipes
+
+        recipes = head_recipes(model.info, opts.head_precisions)
+        whatifs = HeadWhatIfs({p: head_at(model.head, recipes[p]) for p in opts.head_precisions}, bool(opts.draft_p_min))
+    finished = parts.finished_sessions(out, opts.k, draft_ks if with_drafters or opts.head_precisions else None,
+                                       on_damaged=lambda path, why:
                                        observer.note(f"{path}: {why}; recomputing its sessions")) if ranks.rank == 0 else None
     finished = ranks.from_rank0(finished)  # rank 0 checks (and repairs) the parts once, before anyone writes
     counts = dict.fromkeys(COUNT_KEYS + MAX_KEYS, 0)
@@ -691,14 +811,16 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
                 observer.session_start(item.id, rendered.n_tokens, len(rendered.requests))
                 per_request = replay_session(model, rendered.requests, opts.k, profiles, opts.chunk_size,
                                              drafters=roster if with_drafters else None, recorder=recorder,
-                                             observer=observer)
+                                             observer=observer, whatifs=whatifs)
             except NonFiniteOutput as e:
                 raise CheckpointError(f"{model.info.path}: {e} in session {item.id} ({item.path}:{item.line}); the "
                                       f"weights hold NaN/inf or overflow in {str(model.dtype).removeprefix('torch.')}: "
                                       "check the checkpoint, or try --dtype float32") from None
             positions = tables.positions_table(item.id, [(r.index, r.columns) for r in per_request], names,
                                                drafters=list(roster.names) if with_drafters else None,
-                                               target=model is not None)
+                                               target=model is not None,
+                                               precisions=list(opts.head_precisions) if with_whatifs else None,
+                                               confidence=with_whatifs and bool(opts.draft_p_min))
             requests = tables.requests_table(item.id, rendered.requests, [r.fit for r in per_request], names,
                                              {"source": source, **recorded.as_dict()} if model is not None else None,
                                              speculative, routing=recorder.take() if recorder is not None else None)

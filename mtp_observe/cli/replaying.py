@@ -62,6 +62,28 @@ def _parse_ngram(text: Optional[str]):
     return ngram_config(lo, hi)
 
 
+def _parse_precisions(values: Optional[list[str]]) -> tuple:
+    """--head-precision (repeatable, comma-separated) -> precision names, once each, in the order given."""
+    from ..precisions import parse_precisions
+
+    return parse_precisions(",".join(values)) if values else ()
+
+
+def _parse_thresholds(values: Optional[list[str]]) -> tuple:
+    """--draft-p-min (repeatable, comma-separated) -> thresholds as floats, in the order given."""
+    out = []
+    for text in ",".join(values or []).split(","):
+        if not text.strip():
+            continue
+        try:
+            out.append(float(text))
+        except ValueError:
+            raise OptionError(f"--draft-p-min {text.strip()}: expected a probability 0 to 1 (e.g. 0.3,0.5,0.8)") from None
+    if values and not out:
+        raise OptionError("--draft-p-min: no threshold given; e.g. --draft-p-min 0.3,0.5,0.8")
+    return tuple(out)
+
+
 def _with_defaults(extra, model_dir: Path) -> tuple:
     """The default profiles, each replaced by an --sampling profile of the same name, then the new ones."""
     from ..pipeline import default_profiles
@@ -97,6 +119,8 @@ def replay(
     suffix_min_token_prob: Annotated[float, typer.Option("--suffix-min-token-prob", help="vLLM's suffix_decoding_min_token_prob.")] = 0.1,
     part_sessions: Annotated[int, typer.Option("--part-sessions", metavar="N", help="Write the run's Parquet parts N sessions at a time at most (fewer when a part reaches 2M rows or a minute's work); 1: one part per session.")] = 256,
     progress_every: Annotated[float, typer.Option("--progress-every", metavar="SECONDS", help="Without a terminal (a CI log): print the progress line to stderr every SECONDS (0: never).")] = 30.0,
+    head_precision: Annotated[Optional[list[str]], typer.Option("--head-precision", metavar="P,...", help="What-if: re-run the head at these precisions on the same anchors, the target unchanged: bf16, fp8, int8, nvfp4, q8_0, q6_k, q4_k (comma-separated, repeatable; docs/whatifs.md).")] = None,
+    draft_p_min: Annotated[Optional[list[str]], typer.Option("--draft-p-min", metavar="P,...", help="What-if: stop drafting where the head's probability of its draft (llama.cpp's: softmax over its top 10 logits) falls below each threshold, 0 to 1 (comma-separated, repeatable; docs/whatifs.md).")] = None,
 ) -> None:
     """Replay sessions through the target with the MTP head (and other drafters) alongside; write the run directory."""
     from ..drafters.roster import NEEDS_MTP, parse_drafters
@@ -126,7 +150,8 @@ def replay(
                          profiles=_with_defaults(extra, model_dir) if not model_free else (), recorded_with=declared,
                          on_error=on_error, max_sessions=max_sessions, resume=resume, overwrite=overwrite,
                          device_map=device_map, template=overrides, drafters=names, ngram=ngram_config,
-                         suffix=suffix_config, part_sessions=part_sessions)
+                         suffix=suffix_config, part_sessions=part_sessions,
+                         head_precisions=_parse_precisions(head_precision), draft_p_min=_parse_thresholds(draft_p_min))
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
     try:
         # A live line on a terminal, cleared when it stops (a failure leaves its error line alone); a plain

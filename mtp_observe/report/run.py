@@ -2,7 +2,7 @@
 
 Contract:
     load_run(path, drafter=None) -> Run
-                                     reads a run directory of schema_version 1 or 2 (tables.py) and refuses anything
+                                     reads a run directory of schema_version 1, 2 or 3 (tables.py) and refuses anything
                                      else in one line (RunDirectoryError): a complete run must agree with its
                                      manifest's counts, probabilities must lie in [0, 1] and log-probabilities at or
                                      below 0 (float slack: PROB_SLACK, LOGPROB_SLACK); a session is one (part file,
@@ -12,7 +12,8 @@ Contract:
 
 Drafters (a run of several, tables.py): `load_run(path, drafter)` reads one drafter's rows (`judged_drafter`:
 --drafter, default mtp when the run has it, else its first), so every later stage computes each drafter's
-numbers by the same lines.
+numbers by the same lines. What-ifs (version 3, `replay --head-precision`): `load_run(path, "mtp", precision)`
+reads the rows of the head at that precision the same way; without `precision`, the served head's.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Rows:
     p_accept: np.ndarray  # [R, P] float64  p_accept_<profile>
     draft_token: np.ndarray  # [R] int64
     anchor: np.ndarray  # [R] int64  index of the row's anchor (into Run.accepted_len)
+    confidence: np.ndarray | None = None  # [R] float64  llama.cpp's p of the draft (draft_confidence; None without)
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ class Run:
     target_ran: bool = True  # False: a model-free replay (no target columns, no fit sums)
     accepted_len_by_k: np.ndarray | None = None  # [A, K] accepted length of the draft made for K' = 1..K (per-K
     #                                              drafters: suffix, the hybrids); None: the Kmax draft's, cut at K'
+    precision: str | None = None  # the what-if precision of the head these rows are of (None: the head as served)
 
     @property
     def has_fit(self) -> bool:
@@ -124,17 +127,35 @@ def judged_drafter(manifest: dict, drafter: str | None = None) -> str:
     return drafter
 
 
+def run_precisions(manifest: dict) -> tuple[str, ...]:
+    """The head precisions a run holds what-if rows of (run.json whatifs.head_precision; version 3)."""
+    whatifs = manifest.get("whatifs")
+    names = whatifs.get("head_precision") if isinstance(whatifs, dict) else None
+    return tuple(str(n) for n in names) if isinstance(names, list) else ()
+
+
+def run_thresholds(manifest: dict) -> tuple[float, ...]:
+    """The --draft-p-min thresholds of a run (run.json whatifs.draft_p_min; version 3)."""
+    whatifs = manifest.get("whatifs")
+    values = whatifs.get("draft_p_min") if isinstance(whatifs, dict) else None
+    return tuple(float(v) for v in values) if isinstance(values, list) else ()
+
+
 def _draft_ks(manifest: dict, drafter: str, k: int) -> tuple[int, ...]:
     entry = (manifest.get("drafters") or {}).get(drafter) or {}
     ks = entry.get("draft_k") if isinstance(entry, dict) else None
     return tuple(int(x) for x in ks) if isinstance(ks, list) and ks else (k,)
 
 
-def load_run(path: str | Path, drafter: str | None = None) -> Run:
-    """Read and check a run directory (the rows of one drafter: `judged_drafter`). Every inconsistency a reader
-    would trip on is one RunDirectoryError."""
+def load_run(path: str | Path, drafter: str | None = None, precision: str | None = None) -> Run:
+    """Read and check a run directory (the rows of one drafter: `judged_drafter`; with precision, the head's rows at
+    that what-if precision). Every inconsistency a reader would trip on is one RunDirectoryError."""
     path = Path(path)
     manifest = read_manifest(path)
+    precisions = run_precisions(manifest)
+    if precision is not None and precision not in precisions:
+        raise OptionError(f"the run has no rows of the head at {precision}; it has {', '.join(precisions) or 'none'} "
+                          "(replay --head-precision)")
     K = manifest["k"]
     target_ran = manifest.get("target_ran", True) is not False
     profiles = tuple(manifest.get("sampling", {})) if target_ran else ()
@@ -167,7 +188,13 @@ def load_run(path: str | Path, drafter: str | None = None) -> Run:
     columns = ["session_id", "request", "pos", "depth", "segment", "draft_token", "actual_token", "match", "accepted",
                "draft_logprob"] + (["target_token", "target_logprob", "actual_logprob"] if target_ran else []) + \
               [f"p_accept_{p}" for p in profiles] + [PART]
-    table = read_dataset(positions_path, columns, status, filter=_variant(chosen, K) if with_drafters else None)
+    confident = has_column(positions_path, "draft_confidence")
+    columns += ["draft_confidence"] if confident else []
+    rows_filter = _variant(chosen, K) if with_drafters else None
+    if has_column(positions_path, "head_precision"):  # the served head's rows, or one what-if precision's
+        which = pads.field("head_precision").is_null() if precision is None else pads.field("head_precision") == precision
+        rows_filter = which if rows_filter is None else rows_filter & which
+    table = read_dataset(positions_path, columns, status, filter=rows_filter)
     if table.num_rows == 0:
         raise _run_error(positions_path, "has no rows" + (f" of drafter {chosen}" if with_drafters else "") +
                          ": the run scored no assistant tokens, so there is nothing to report")
@@ -189,6 +216,7 @@ def load_run(path: str | Path, drafter: str | None = None) -> Run:
     del segment_col, segment_codes, session_codes
     match, accepted = col("match", bool)[order], col("accepted", bool)[order]
     draft_token = col("draft_token")[order]
+    confidence = col("draft_confidence", np.float64)[order] if confident else None
     on_policy = ((col("actual_token")[order] == col("target_token")[order]).astype(np.float64) if target_ran
                  else np.full(len(order), np.nan))
     p_accept = np.stack([col(f"p_accept_{p}", np.float64)[order] for p in profiles], axis=1) if profiles \
@@ -209,7 +237,7 @@ def load_run(path: str | Path, drafter: str | None = None) -> Run:
     spans = _flatten_spans(req, session_keys, sessions, requests_path, notes, profiles, read_fit=version >= 2 and target_ran)
     on_path, anchor, accepted_len, span_index = _chains(K, session, request, pos, depth, match, accepted, spans, sessions,
                                                         positions_path, requests_path)
-    if status == "complete":
+    if status == "complete" and precision is None:
         _check_counts(path / "run.json", counts, req, int((depth == 1).sum()), count_rows(positions_path),
                       requests_path, positions_path)
     accepted_len_by_k = None
@@ -223,14 +251,14 @@ def load_run(path: str | Path, drafter: str | None = None) -> Run:
     rows = Rows(
         session=session, request=request, pos=pos, depth=depth, segment=segment,
         turn=spans.turn[span_index][anchor], accepted=accepted, on_path=on_path, on_policy=on_policy,
-        p_accept=p_accept, draft_token=draft_token, anchor=anchor,
+        p_accept=p_accept, draft_token=draft_token, anchor=anchor, confidence=confidence,
     )
     own, longest = _session_facts(req, session_keys, version)
     loop = _loop_steps(req, session_keys, sessions, spans, requests_path) if with_loop else None
     return Run(path=path, manifest=manifest, k=K, profiles=profiles, sessions=sessions, segments=segments,
                session_keys=session_keys, rows=rows, spans=spans, accepted_len=accepted_len, notes=tuple(notes),
                version=version, own_sampler=own, longest=longest, loop=loop, drafter=chosen, drafters=drafters,
-               target_ran=target_ran, accepted_len_by_k=accepted_len_by_k)
+               target_ran=target_ran, accepted_len_by_k=accepted_len_by_k, precision=precision)
 
 
 def _variant(drafter: str, k: int):

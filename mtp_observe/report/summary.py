@@ -50,6 +50,7 @@ from .verdict import Gate, RecordingSampler, Verdict, judge, recording_sampler
 
 if TYPE_CHECKING:
     from .drafters import DrafterSummary, Rank
+    from .whatifs import WhatIfs
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class Report:
     drafters: tuple["DrafterSummary", ...] = ()  # every drafter of the run, run.json order (summarize_drafters)
     ranking: tuple["Rank", ...] = ()  # the drafters by speedup at their best K, best first
     batch: "BatchSpeedup | None" = None  # speedup by batch size (section 8); the slices' cost is at batch.binding
+    whatifs: "WhatIfs | None" = None  # the head at other precisions and confidence-stopped drafting (report/whatifs.py)
 
     @property
     def serve_k(self) -> int:
