@@ -247,6 +247,22 @@ def test_the_report_puts_the_what_ifs_beside_a_verdict_about_the_served_head(run
     assert {x["name"] for x in a["whatifs"]["by_segment"]} <= {"reasoning", "text", "tool_call", "end"}
 
 
+def test_a_version_2_run_reads_as_it_did_and_lacks_only_the_what_ifs(runs, tmp_path):
+    import shutil
+
+    old = Path(shutil.copytree(runs["plain"], tmp_path / "v2"))
+    manifest = json.loads((old / "run.json").read_text())
+    assert manifest["schema_version"] == 3 and manifest["whatifs"] is None
+    del manifest["whatifs"], manifest["model"]["head_precisions"]
+    (old / "run.json").write_text(json.dumps(manifest | {"schema_version": 2}))
+    a = report_json(read_and_summarize(old, replicates=100, seed=0).report)
+    b = report_json(read_and_summarize(runs["plain"], replicates=100, seed=0).report)
+    assert a["run"]["schema_version"] == 2 and a["head_precisions"] == [] and a["whatifs"] is None
+    for doc in (a, b):
+        doc["run"] = {key: value for key, value in doc["run"].items() if key not in ("path", "schema_version")}
+    assert a == b
+
+
 def test_the_what_if_tables_print_under_the_report(runs):
     code, out, err = run_cli(["report", str(runs["whatif"]), "--replicates", "100"])
     assert code == 0, err
