@@ -51,6 +51,7 @@ from .verdict import Gate, RecordingSampler, Verdict, judge, recording_sampler
 if TYPE_CHECKING:
     from .drafters import DrafterSummary, Rank
     from .trees import Configuration, LayerRule, TreeSummary
+    from .whatifs import WhatIfs
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class Report:
     trees: tuple["TreeSummary", ...] = ()  # each replayed tree configuration beside the chain (report/trees.py)
     configurations: tuple["Configuration", ...] = ()  # the best of the chain and the trees at each batch size (a what-if)
     layer_rules: tuple["LayerRule", ...] = ()  # a head with several MTP layers: each rule over the same anchors
+    whatifs: "WhatIfs | None" = None  # the head at other precisions and confidence-stopped drafting (report/whatifs.py)
 
     @property
     def serve_k(self) -> int:
