@@ -418,3 +418,37 @@ def test_each_precision_rebuilds_a_head_of_the_served_heads_family_layers_and_re
             assert torch.equal(d.tokens, served.tokens) and torch.equal(d.confidence, served.confidence)
         else:
             assert not torch.equal(d.logprobs, served.logprobs)  # the GGUF round trips changed the head's numbers
+
+
+def test_the_precision_rows_sit_beside_ngram_trees_and_the_stepwise_rule_and_leave_their_rows_unchanged(make_checkpoint,
+                                                                                                      tmp_path):
+    from mtp_observe.tree import parse_tree
+
+    model = make_checkpoint(mtp_layers=2, dtype="bfloat16")  # two layers: the stepwise rule's rows too
+    files = [sessions_file(tmp_path, 2)]
+    both = dict(k=2, device="cpu", drafters=("mtp", "ngram"), trees=(parse_tree("2,2,3"),))
+    plain = pd.read_parquet(replay(files, model, tmp_path / "plain", ReplayOptions(**both)) / "positions.parquet")
+    run = replay(files, model, tmp_path / "w", ReplayOptions(**both, head_precisions=("bf16", "q6_k"), draft_p_min=(0.5,)))
+    rows = pd.read_parquet(run / "positions.parquet")
+    which = rows.head_precision.astype(object).where(rows.head_precision.notna(), "served")
+    by = rows.groupby([rows.drafter.astype(str), which]).size().to_dict()
+    n = len(plain) // 4  # mtp, mtp:stepwise, ngram, the tree: one block each at K = 2
+    assert by == {("mtp", "bf16"): n, ("mtp", "q6_k"): n, ("mtp", "served"): n, ("mtp:stepwise", "served"): n,
+                  ("ngram", "served"): n, ("tree:2,2,3", "served"): n}
+    served = rows[rows.head_precision.isna()]
+    assert served[served.drafter == "mtp"].draft_confidence.notna().all() and served[served.drafter != "mtp"].draft_confidence.isna().all()
+    key = ["session_id", "request", "drafter", "draft_k", "pos", "depth", "tree_node"]
+    a = plain.sort_values(key).reset_index(drop=True)
+    b = served[plain.columns].sort_values(key).reset_index(drop=True)
+    for column in a.columns:  # every other drafter's and variant's rows exactly as without the what-ifs
+        x, y = a[column], b[column]
+        if x.dtype.kind == "f" or y.dtype.kind == "f":
+            assert np.array_equal(x.to_numpy(float, na_value=np.nan), y.to_numpy(float, na_value=np.nan), equal_nan=True), column
+        else:
+            assert (x.astype(str) == y.astype(str)).all(), column
+    mtp_key = ["session_id", "request", "pos", "depth"]
+    head = served[served.drafter == "mtp"].sort_values(mtp_key).draft_len.to_numpy()
+    for p in ("bf16", "q6_k"):  # as the served head's: K, fewer where the turn ends first
+        assert np.array_equal(rows[rows.head_precision == p].sort_values(mtp_key).draft_len.to_numpy(), head), p
+    doc = report_json(read_and_summarize(run, replicates=50, seed=0).report)
+    assert [p["precision"] for p in doc["head_precisions"]] == ["bf16", "q6_k"] and len(doc["trees"]) == 1
