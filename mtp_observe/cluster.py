@@ -154,7 +154,7 @@ class Replica:
 
     def __init__(self, model_dir: str, opts, device: str, dtype: str | None, fault: Fault | None = None):
         from .checkpoint import read_checkpoint
-        from .pipeline import DTYPES, drafter_roster, head_variants, load_model, serving_for
+        from .pipeline import DTYPES, drafter_roster, head_variants, head_whatifs, load_model, serving_for
         from .routing import RouterRecorder
 
         self.opts, self.fault = opts, fault
@@ -165,6 +165,7 @@ class Replica:
                                  serving=serving_for(opts, read_checkpoint(model_dir)))
                       if self.roster.needs_model else None)
         self.variants = head_variants(opts, self.model.info if self.model is not None else None)  # trees, layer rules
+        self.whatifs = head_whatifs(opts, self.model)  # the head at each --head-precision, built once per replica
         self.recorder = RouterRecorder(self.model.target, opts.k + 1) if self.model is not None else None
         if self.recorder is not None and not self.recorder.active:
             self.recorder.close()
@@ -189,7 +190,7 @@ class Replica:
         try:
             positions, requests, counts = session_parts(self.model, task.session_id, task.index, task.requests, self.opts,
                                                         self.roster, task.recorded, task.source, task.speculative,
-                                                        self.recorder, None, task.where, self.variants)
+                                                        self.recorder, None, task.where, self.variants, self.whatifs)
         except UserError as e:
             return {"error": str(e)}
         except Exception as e:  # the session failed here; the job decides (--on-error)
@@ -315,8 +316,10 @@ class Cluster:
         renderer = Renderer.from_model_dir(info_path, vocab_size=_vocab(model_dir) if target else None,
                                            overrides=opts.template)
         server_default = (generation_config_profile(model_dir) or VLLM_DEFAULTS) if target else None
-        draft_ks = [kk for n in roster.names for kk in roster_draft_ks(n, opts.k)] + variants.draft_ks
-        finished = parts.finished_sessions(out, opts.k, draft_ks if with_drafters else None, on_damaged=lambda path, why:
+        draft_ks = [kk for n in roster.names for kk in roster_draft_ks(n, opts.k)] + variants.draft_ks \
+            + [opts.k] * len(opts.head_precisions)
+        finished = parts.finished_sessions(out, opts.k, draft_ks if with_drafters or opts.head_precisions else None,
+                                           on_damaged=lambda path, why:
                                            observer.note(f"{path}: {why}; recomputing its sessions"))
         counts = dict.fromkeys(COUNT_KEYS + MAX_KEYS, 0)
         errors: list[dict] = []

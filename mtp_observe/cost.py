@@ -136,6 +136,19 @@ def speedup(tau: np.ndarray, c, verify_extra) -> np.ndarray:
     return tau / (1.0 + k * np.asarray(c, dtype=np.float64) + np.asarray(verify_extra, dtype=np.float64))
 
 
+def speedup_per_step(tau: np.ndarray, drafts_per_step: np.ndarray, verify_per_step: np.ndarray, c) -> np.ndarray:
+    """speedup when the draft length varies from step to step (a confidence stop):
+    τ / (1 + n̄·c + v̄), n̄ the mean draft steps per target step and v̄ the mean extra verify cost v(L) of the
+    steps (v(0) = 0: a step that drafted nothing is a plain decode). With every step drafting K, n̄ = K and
+    v̄ = v(K), and this is `speedup` exactly. Arrays broadcast together.
+
+    Worked example: τ_sim 2.0, half the steps drafting 1 token after 2 draft steps (the second draft below the
+    threshold, dropped) and half 3 tokens after 3, c = 0.1, v = 0: n̄ = 2.5 -> 2.0 / 1.25 = 1.6.
+    """
+    return np.asarray(tau, dtype=np.float64) / (1.0 + np.asarray(drafts_per_step, dtype=np.float64) * np.asarray(c, dtype=np.float64)
+                                                + np.asarray(verify_per_step, dtype=np.float64))
+
+
 def break_even(times: "StepTimes", k_max: int) -> np.ndarray:
     """[NB, K] the τ_sim(K) at which speedup(K, B) = 1: 1 + K·c_B + v_B(K)."""
     k = np.arange(1, k_max + 1, dtype=np.float64)
@@ -679,6 +692,17 @@ def target_step(g: Geometry, batch: int, q: int, context: float, distinct: float
              + N * g.full_layers * g.attention_flops_per_key * (context + (q + 1) / 2)
              + N * g.linear_layers * 6.0 * g.linear_value_heads * g.linear_key_dim * g.linear_value_dim)
     return weights + kv + state, flops
+
+
+def draft_times(g: Geometry, device: Device, batch: tuple[int, ...], context: float) -> tuple[np.ndarray, np.ndarray]:
+    """([NB] t_draft(B) = max(bytes / bandwidth, FLOPs / peak) of `draft_step`, [NB] "memory" | "compute")."""
+    peak = device.peak(g.fp8)
+    seconds, bound = np.zeros(len(batch)), np.empty(len(batch), dtype=object)
+    for i, B in enumerate(batch):
+        nbytes, flops = draft_step(g, B, context)
+        seconds[i] = max(nbytes / device.bandwidth, flops / peak)
+        bound[i] = "memory" if nbytes / device.bandwidth >= flops / peak else "compute"
+    return seconds, bound
 
 
 def draft_step(g: Geometry, batch: int, context: float) -> tuple[float, float]:

@@ -204,6 +204,7 @@ class CostTable:
     context: float | None  # the roofline's context per sequence (None: measured or batch 1 only)
     experts: dict | None  # MoE roofline: distinct experts per layer, measured and expected (JSON `batch.experts`)
     k_max: int  # the run's Kmax: v_B(K) for K = 1..k_max
+    device: object = None  # cost.Device of a roofline table (None: measured or batch 1 only)
 
     def cost_at(self, b: int) -> Cost:
         """The slices' Cost at batch size b: c_B and v_B(K), K = 1..Kmax."""
@@ -332,4 +333,39 @@ def cost_table(run, *, probe: str | Path | None = None, draft_cost: float | None
                 "formula": [[expected_distinct(geometry.experts, geometry.top_k, b * q) for q in range(1, run.k + 2)]
                             for b in batch_sizes]}
     times = StepTimes(**{**times.__dict__, "notes": tuple(notes)})
-    return CostTable(times=times, legacy=None, context=ctx, experts=info, k_max=run.k)
+    return CostTable(times=times, legacy=None, context=ctx, experts=info, k_max=run.k, device=device)
+
+
+def precision_table(table: CostTable, run, precision: str) -> CostTable:
+    """The cost table of the head at a what-if precision (run.json model.head_precisions: its draft step's bytes),
+    the target's steps unchanged. On the roofline, the draft step is the roofline's at that precision's bytes; from
+    a probe or a given c, the measured draft step scaled by the batch-1 byte ratio of the two draft steps (a draft
+    step is memory-bound: its bytes scale its time)."""
+    from dataclasses import replace
+
+    from .cost import draft_times
+
+    entry = ((run.manifest.get("model") or {}).get("head_precisions") or {}).get(precision)
+    if not isinstance(entry, dict):
+        raise _run_error(run.path / "run.json", f"has no model.head_precisions.{precision}; re-run replay --head-precision")
+    t = table.times
+    geometry = run_geometry(run)[0] if table.device is not None and t.source == "roofline" else None
+    if geometry is not None:
+        what_if = replace(geometry, **{key: int(entry[key]) for key in ("head_dense_bytes", "head_expert_bytes",
+                                                                        "lm_head_bytes", "embedding_row_bytes")})
+        draft, _ = draft_times(what_if, table.device, t.batch, table.context or 0.0)
+        times = t.with_draft(draft, f"the head at {precision} ({entry['draft_step_bytes']:,} bytes a batch-1 step)")
+        return replace(table, times=times)
+    roofline = (run.manifest.get("model") or {}).get("roofline") or {}
+    served = (roofline.get("head_step_bytes") or 0) + (roofline.get("lm_head_bytes") or 0)
+    if not served:
+        raise _run_error(run.path / "run.json", "has no model.roofline step bytes to scale the draft cost by; re-run replay")
+    ratio = float(entry["draft_step_bytes"]) / served
+    times = t.with_draft(t.draft * ratio, f"the head at {precision}: the draft step x {ratio:.3f} (its bytes over the "
+                                          "served head's)")
+    legacy = table.legacy
+    if legacy is not None:
+        legacy = Cost(c=legacy.c * ratio, verify_extra=legacy.verify_extra, source=legacy.source,
+                      detail=f"{legacy.detail}; the head at {precision}: c x {ratio:.3f} (its draft step's bytes)",
+                      notes=legacy.notes)
+    return replace(table, times=times, legacy=legacy)

@@ -107,6 +107,8 @@ def identity(info, files, opts, dtype, device: str, ranks, fallback, fallback_na
                     "device_map": opts.device_map},
         "rendering": opts.template.manifest() if opts.template is not None else None,
         "shard": shard_plan.manifest() if shard_plan is not None else None,
+        "whatifs": ({"head_precision": list(opts.head_precisions), "draft_p_min": [float(t) for t in opts.draft_p_min]}
+                    if opts.head_precisions or opts.draft_p_min else None),
         "tool_version": __version__,
     }
 
@@ -199,6 +201,7 @@ def start_manifest(out: Path, opts, info, identity: dict, bundled: bool, world: 
             "roofline_by_precision": {p: inventory.draft_cost(p) for p in ["stored", "BF16", "FP8", "Q8_0", "Q6_K", "Q4_K"]},
             "cost_geometry": geometry_of_checkpoint(info).as_dict(),
             "head_copies": compare_copies(info),
+            "head_precisions": head_precision_costs(info, opts.head_precisions, inventory, precision),
             "generation_config": generation.as_dict() if generation is not None else None,
             **text_config_limits(info.text_config),
         }
@@ -228,14 +231,36 @@ def start_manifest(out: Path, opts, info, identity: dict, bundled: bool, world: 
 
 
 def row_draft_ks(manifest: dict) -> list[int] | None:
-    """The depth of every block of rows a run writes per anchor (its drafters' draft_k, its trees' steps and the
-    stepwise layer rule's k; parts.py counts rows by them); None for an mtp-only run without variants."""
+    """The depth of every block of rows a run writes per anchor (its drafters' draft_k, its trees' steps, the
+    stepwise layer rule's k, and Kmax for each --head-precision's head; parts.py counts rows by them); None for an
+    mtp-only run without variants or precisions."""
     drafters = manifest.get("drafters") or {}
     extra = [t["steps"] for t in manifest.get("trees") or []] + \
         [r["k"] for r in manifest.get("layer_rules") or [] if r.get("k")]
-    if not (set(drafters) - {"mtp"}) and not extra:
+    precisions = (manifest.get("whatifs") or {}).get("head_precision") or []
+    if not (set(drafters) - {"mtp"}) and not extra and not precisions:
         return None
-    return [kk for d in drafters.values() for kk in d.get("draft_k", [])] + extra
+    return [kk for d in drafters.values() for kk in d.get("draft_k", [])] + extra + [manifest["k"]] * len(precisions)
+
+
+def head_precision_costs(info, precisions, inventory, served: str) -> dict | None:
+    """run.json model.head_precisions: per what-if precision its recipe (precisions.py) and what a draft step reads
+    (cost.Geometry's head fields at that precision), with the batch-1 bytes ratio c against the target as served."""
+    if not precisions:
+        return None
+    from .precisions import head_recipes, head_shapes, recipe_bytes
+
+    g = info.geometry
+    shapes = head_shapes(g)
+    experts = g.moe.num_experts if g.moe is not None else 0
+    top_k = g.moe.experts_per_token if g.moe is not None else 0
+    target = inventory.target_step_bytes(served)
+    out = {}
+    for name, r in head_recipes(info, precisions).items():
+        b = recipe_bytes(r, shapes, (g.vocab_size, g.hidden_size), experts)
+        step = b["head_dense_bytes"] + b["head_expert_bytes"] * top_k + b["lm_head_bytes"]
+        out[name] = {**r.as_dict(), **b, "draft_step_bytes": step, "draft_cost": step / target}
+    return out
 
 
 COUNT_KEYS = ("sessions_ok", "sessions_skipped", "requests", "tokens_replayed", "scored_tokens", "anchors", "rows")

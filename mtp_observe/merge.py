@@ -84,8 +84,10 @@ def _being_written(run_dir: Path) -> bool:
 
 
 def _draft_ks(manifest: dict) -> list[int] | None:
-    drafters = manifest.get("drafters") or {}
-    return [kk for d in drafters.values() for kk in d.get("draft_k", [])] if set(drafters) - {"mtp"} else None
+    """The row blocks per anchor of the shards' runs: manifest.row_draft_ks (drafters, trees, layer rules, precisions)."""
+    from .manifest import row_draft_ks
+
+    return row_draft_ks(manifest)
 
 
 def sessions_of(run_dir: Path, manifest: dict) -> dict[str, tuple[str, dict]]:

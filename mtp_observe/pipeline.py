@@ -23,6 +23,11 @@ Past one process (docs/scale.md): `--shard I/N` replays the sessions shards.py a
 tokens) and reads the others' recorded outputs into the global tree in input order, as a torchrun rank does;
 `--ray` hands the sessions to replicas on a Ray cluster (cluster.py). Both write an ordinary run directory whose
 requests carry each session's input index (`session_index`), the canonical order the report reads.
+What-ifs (`--head-precision`, `--draft-p-min`; docs/whatifs.md): a copy of the head per precision
+(precisions.head_at, built once) runs its own row pass and chain at the same anchors of every request; its rows
+join the served head's in the one target reduction and are written after them with `head_precision` set
+(whatif_heads.py). The thresholds need only every head draft's confidence
+(`draft_confidence`); the report walks them.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from .manifest import COUNT_KEYS, MAX_KEYS, finish_manifest, identity, start_man
 from .mtp import MtpHead, build_head
 from .ranks import Ranks, portable, ranks_from_env
 from .target import RECORDED
+from .whatif_heads import HeadWhatIfs, head_whatifs, reduce_with, with_whatif_rows
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
@@ -140,6 +146,8 @@ class ReplayOptions:
     shard: object = None  # shards.Shard (--shard I/N, --shard-by): replay that shard of the input; None: all of it
     ray: object = None  # cluster.RayOptions (--ray, --replicas, --gpus-per-replica); None: replay in this process
     trees: tuple = ()  # tree.TreeConfig (--tree S,TOPK,T), replayed beside the chain (head_variants.py)
+    head_precisions: tuple = ()  # --head-precision: precisions.PRECISIONS names, the head re-run at each (what-ifs)
+    draft_p_min: tuple = ()  # --draft-p-min: thresholds in [0, 1] for the confidence-stopped what-if (the report's)
 
 
 class Observer:
@@ -189,6 +197,7 @@ class Carry:
 
     target: object  # target.TargetPrefix after tokens [0, length)
     rows: object  # mtp.RowPass, rows 0..length-2 (row i needs x_{i+1}, also shared)
+    whatif_rows: dict | None = None  # precision -> that head's RowPass over the same rows (HeadWhatIfs)
 
     @property
     def length(self) -> int:
@@ -207,7 +216,7 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
 def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size: int,
                    carry: Carry | None = None, keep_at: int | None = None, drafters=None,
                    keep: int | None = None, recorder=None, on_tokens=None, variants=None,
-                   on_reused=None) -> tuple[dict, dict, Carry | None]:
+                   on_reused=None, whatifs: HeadWhatIfs | None = None) -> tuple[dict, dict, Carry | None]:
     """One request through the target and the head: the columns of its rows, the recording-sampler sums
     of its spans (RequestResult.fit), and what the next request reuses.
 
@@ -226,6 +235,11 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     and its rows come out with `drafter`/`draft_k` columns (`drafter_columns`); None: the head's rows only.
     variants (head_variants.Variants, with drafters): the trees and the stepwise layer rule, their rows after the
     roster's, reduced by the target in the same call.
+
+    whatifs (HeadWhatIfs): each precision's head runs its own row pass (its KV cache is its own) and chain at the
+    same anchors; its rows join the same target reduction (the target's logits once per position) and come out
+    after the served head's with `head_precision` set (null on the served rows); with confidence every head row
+    carries `draft_confidence` (NaN on other drafters' rows).
     """
     from .acceptance import anchor_plan, request_rows, row_index
     from .target import Turns, prefill, reduce_logits
@@ -250,15 +264,19 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     if recorder is not None:
         recorder.end_request(carry.length if carry else 0, [(sp.start, sp.end) for sp in request.spans])
     P = carry.length - 1 if carry else 0  # rows 0..P-1 come from the previous request
+    confident = whatifs is not None and whatifs.confidence
     rows = model.head.row_pass(hidden[P:-1], ids[P + 1 :].to(hidden.device), chunk_size=chunk_size,
                                prefix=carry.rows if carry else None)  # 2
-    drafts = model.head.chain(rows, plan.anchors, plan.depths)
+    drafts = model.head.chain(rows, plan.anchors, plan.depths, confidence=confident)
     blocks = []
     if variants:
         from .head_variants import variant_blocks
 
         blocks = variant_blocks(model.head, variants, rows, ids, segments, request.spans, chunk_size)
-    following = Carry(kept, model.head.rows_prefix(rows, keep_at - 1)) if kept is not None else None
+    other, other_rows = ({}, {}) if whatifs is None else whatifs.draft(  # precision -> Drafts, rows kept
+        hidden[P:-1], ids[P + 1 :].to(hidden.device), chunk_size, carry.whatif_rows if carry else None, plan,
+        keep_at - 1 if kept is not None else None)
+    following = Carry(kept, model.head.rows_prefix(rows, keep_at - 1), other_rows) if kept is not None else None
     del rows
     a, k = index.anchor_index, index.depth
     turns = Turns(ids, torch.tensor([sp.start for sp in request.spans], dtype=torch.long),
@@ -268,14 +286,20 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
         return reduce_logits(model.target.lm_head.weight, hidden, positions, tokens, actuals, tuple(profiles), turns=turns,
                              top_k_ties=model.top_k_ties, no_min_p=no_min_p)
 
+    # The what-if heads' rows (the Kmax plan's) ride in the same reduction as the served rows, after them.
+    extra_tokens = [d.tokens.cpu()[a, k - 1] for d in other.values()]
+    served_reduce, whatif_reductions = reduce_with(reduce, index.target_position, ids[index.actual_position], extra_tokens)
     if drafters is not None:
         groups = drafters.draft(ids.numpy(), request.spans, keep=keep, mtp=drafts.tokens.cpu().numpy())
-        columns, reductions = drafter_columns(ids, segments, request.spans, groups, drafts.logprobs.cpu(), reduce,
+        columns, reductions = drafter_columns(ids, segments, request.spans, groups, drafts.logprobs.cpu(), served_reduce,
                                               extra=blocks, first_code=len(groups))  # 3, 4
     else:
-        reductions = reduce(index.target_position, drafts.tokens.cpu()[a, k - 1], ids[index.actual_position])  # 3
+        reductions = served_reduce(index.target_position, drafts.tokens.cpu()[a, k - 1], ids[index.actual_position])  # 3
         columns = request_rows(ids, segments, plan, index, drafts.tokens, drafts.logprobs, reductions, k_max)  # 4
         check_finite(columns)
+    if whatifs is not None:
+        columns = with_whatif_rows(columns, whatifs, drafts, other, whatif_reductions(), ids, segments, plan, index, k_max,
+                                    drafters)
     fit = {"tokens": reductions.fit_tokens.cpu().numpy()}
     for name, sums in reductions.fit.items():
         for stat in ("support", "q", "q2", "var", "ll"):
@@ -426,11 +450,12 @@ def check_finite(columns: dict, head=None) -> None:
 
 
 def replay_session(model: LoadedModel | None, requests, k_max: int, profiles, chunk_size: int,
-                   drafters=None, recorder=None, observer: Observer | None = None, variants=None) -> list[RequestResult]:
+                   drafters=None, recorder=None, observer: Observer | None = None, variants=None,
+                   whatifs: HeadWhatIfs | None = None) -> list[RequestResult]:
     """Every request of one session, in order, each starting from the prefix it shares with the one before.
     model None: the model-free drafters of `drafters` alone (no weights, no target). recorder
     (routing.RouterRecorder) accumulates the session's router window sums. observer: hears each request start
-    and its tokens as they are done (Observer.request, .tokens)."""
+    and its tokens as they are done (Observer.request, .tokens). whatifs: replay_request's."""
     out, carry = [], None
     for r, request in enumerate(requests):
         if observer is not None:
@@ -449,7 +474,7 @@ def replay_session(model: LoadedModel | None, requests, k_max: int, profiles, ch
         columns, fit, carry = replay_request(model, request, k_max, profiles, chunk_size, carry=carry, keep_at=keep_at,
                                              drafters=drafters, keep=shared, recorder=recorder,
                                              on_tokens=observer.tokens if observer is not None else None,
-                                             variants=variants,
+                                             variants=variants, whatifs=whatifs,
                                              on_reused=observer.reused if observer is not None else None)
         out.append(RequestResult(request.index, columns, fit))
     return out
@@ -502,6 +527,15 @@ def _check_options(opts: ReplayOptions) -> None:
         raise OptionError(f"--device-map {opts.device_map}: only auto is supported (accelerate places the layers)")
     if opts.max_sessions is not None and opts.max_sessions < 1:
         raise OptionError(f"--max-sessions {opts.max_sessions}: must be at least 1")
+    for theta in opts.draft_p_min:
+        if not (isinstance(theta, (int, float)) and 0.0 <= theta <= 1.0):
+            raise OptionError(f"--draft-p-min {theta}: a threshold is a probability, 0 to 1 (0: fixed K; 1: never draft)")
+    if len(set(opts.draft_p_min)) != len(opts.draft_p_min):
+        raise OptionError("--draft-p-min: a threshold repeats; give each once")
+    if (opts.head_precisions or opts.draft_p_min) and "mtp" not in opts.drafters:
+        which = "--head-precision" if opts.head_precisions else "--draft-p-min"
+        raise OptionError(f"{which} re-runs or reads the MTP head, which --drafters {','.join(opts.drafters)} leaves "
+                          "out; add mtp to --drafters")
     names = [p.name for p in opts.profiles]
     for name in names:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
@@ -626,6 +660,10 @@ def _replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: boo
         plan = ranks.from_rank0(_shard_plan(files, opts, info, model_dir) if ranks.rank == 0 else None)
     serving = serving_for(opts, info)
     variants = head_variants(opts, info)
+    if info is not None and opts.head_precisions:
+        from .precisions import head_recipes
+
+        head_recipes(info, opts.head_precisions)  # a shape a format cannot store is refused before anything is written
 
     # 1. Rank 0 locks the directory, checks it (fresh, --resume or --overwrite) against this run's identity.
     failure, manifest, lock = None, None, None
@@ -851,8 +889,11 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
     renderer = Renderer.from_model_dir(model.info.path if model is not None else model_dir, vocab_size=vocab,
                                        overrides=opts.template)
     server_default = (generation_config_profile(model.info.path) or VLLM_DEFAULTS) if model is not None else None
-    draft_ks = [kk for n in roster.names for kk in roster_draft_ks(n, opts.k)] + variants.draft_ks
-    finished = parts.finished_sessions(out, opts.k, draft_ks if with_drafters else None, on_damaged=lambda path, why:
+    draft_ks = [kk for n in roster.names for kk in roster_draft_ks(n, opts.k)] + variants.draft_ks \
+        + [opts.k] * len(opts.head_precisions)
+    whatifs = head_whatifs(opts, model)
+    finished = parts.finished_sessions(out, opts.k, draft_ks if with_drafters or opts.head_precisions else None,
+                                       on_damaged=lambda path, why:
                                        observer.note(f"{path}: {why}; recomputing its sessions")) if ranks.rank == 0 else None
     finished = ranks.from_rank0(finished)  # rank 0 checks (and repairs) the parts once, before anyone writes
     counts = dict.fromkeys(COUNT_KEYS + MAX_KEYS, 0)
@@ -920,7 +961,7 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
                                    work=request_works(rendered, opts.k, opts.chunk_size, heads))
             positions, requests, c = session_parts(model, item.id, item.index, rendered.requests, opts, roster, recorded,
                                                    source, speculative, recorder, observer, f"{item.path}:{item.line}",
-                                                   variants)
+                                                   variants, whatifs)
             writer.add(item.index, positions, requests)  # written with the sessions before and after it (parts.py)
             fresh_tokens += rendered.n_tokens
         counts["sessions_ok"] += 1
@@ -933,13 +974,15 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
 
 def session_parts(model: LoadedModel | None, session_id: str, index: int, requests, opts: ReplayOptions, roster,
                   recorded=None, source: str | None = None, speculative=None, recorder=None,
-                  observer: Observer | None = None, where: str = "", variants=None) -> tuple:
+                  observer: Observer | None = None, where: str = "", variants=None,
+                  whatifs: HeadWhatIfs | None = None) -> tuple:
     """(positions table, requests table, counts) of one rendered session: what each process of a replay — and each
     replica of a Ray job (cluster.py) — does with a session it owns. index: its input index (requests.parquet
     `session_index`); recorded, source: its `recorded` sampler and where that came from (session_sampler; None
     without a target); speculative: generate --speculative's steps (sessions.speculative_steps); where: its
     file:line, for the one-line error of a non-finite output; variants: head_variants.Variants (trees, the stepwise
-    layer rule) replayed beside the chain."""
+    layer rule) replayed beside the chain; whatifs: the head at other precisions and the confidence column
+    (`head_whatifs`, built once per process or replica)."""
     from . import tables
     from .head_variants import Variants
 
@@ -951,13 +994,15 @@ def session_parts(model: LoadedModel | None, session_id: str, index: int, reques
     try:
         per_request = replay_session(model, requests, opts.k, profiles, opts.chunk_size,
                                      drafters=roster if with_drafters else None, recorder=recorder, observer=observer,
-                                     variants=variants)
+                                     variants=variants, whatifs=whatifs)
     except NonFiniteOutput as e:
         raise CheckpointError(f"{model.info.path}: {e} in session {session_id} ({where}); "
                               f"{non_finite_advice(model.dtype)}") from None
     positions = tables.positions_table(session_id, [(r.index, r.columns) for r in per_request], names,
                                        drafters=list(roster.names) + variants.names if with_drafters else None,
-                                       target=model is not None)
+                                       target=model is not None,
+                                       precisions=list(whatifs.names) if whatifs is not None else None,
+                                       confidence=whatifs is not None and whatifs.confidence)
     table = tables.requests_table(session_id, requests, [r.fit for r in per_request], names,
                                   {"source": source, **recorded.as_dict()} if model is not None else None,
                                   speculative, routing=recorder.take() if recorder is not None else None,

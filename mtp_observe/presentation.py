@@ -222,6 +222,8 @@ def detail_lines(report: Report, comparison: Comparison | None = None) -> list[s
         lines.append(f"UNRELIABLE, {c.name}: {c.detail}")
     lines += batch_lines(report)
     lines += what_if_lines(report)
+    if report.whatifs is not None and report.whatifs.best is not None:
+        lines.append(report.whatifs.best.line)
     if comparison is not None:
         lines.append(f"baseline {comparison.baseline_path}: differences current - baseline over K <= {comparison.k}; "
                      f"{FLAG} = the difference's {report.level:.0%} interval excludes 0; {comparison.note}")
@@ -258,6 +260,7 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
     from .tree_tables import what_if_tables  # trees and layer rules (a what-if), when the run has them
 
     tables += what_if_tables(report)
+    tables += whatif_tables(report)
     if rec is not None and rec.checked:
         tables.append(TextTable(
             title=f"recording sampler ({rec.tokens:,} scored tokens): {rec.label}",
@@ -388,6 +391,66 @@ def drafter_tables(report: Report) -> list[TextTable]:
                       caption="no τ_sim by segment: a decode walk crosses segments"),
             TextTable(title="drafters by context length at the anchor (at each drafter's best K)",
                       columns=("context", "drafter", "anchors", "α_1", "τ_sim(K)", "speedup"), rows=tuple(context_rows))]
+
+
+def whatif_tables(report: Report) -> list[TextTable]:
+    """The what-ifs of a run written with --head-precision / --draft-p-min (docs/whatifs.md): the head at each precision
+    and each threshold against the head as served, and the best rule by batch size and by segment. Empty without."""
+    w = report.whatifs
+    if w is None or (not w.precisions and not w.thresholds):
+        return []
+    o, ks = report.overall, w.served_k
+    at = "" if w.batch == 1 else f" at batch {w.batch}"
+    tables = []
+    if w.precisions:
+        served = ("as served", " ".join(num(a, 2) for a in o.value.alpha), str(ks), cell(o, "tau_sim", ks - 1),
+                  num(report.cost.c, 4), cell(o, "speedup", ks - 1), "—", "1.000")
+        tables.append(TextTable(
+            title=f"what-if: the head at other precisions, the target unchanged (each at its best K{at})",
+            columns=("head", "α_1..α_K", "K", "τ_sim(K)", "c", "speedup", "vs served", "drafts = served's"),
+            rows=(served,) + tuple(
+                (r.precision, " ".join(num(a, 2) for a in r.alpha), str(r.k),
+                 with_interval(r.tau_sim, r.tau_sim_lo, r.tau_sim_hi), num(r.c, 4),
+                 with_interval(r.speedup, r.speedup_lo, r.speedup_hi), with_interval(r.gain, r.gain_lo, r.gain_hi, signed=True),
+                 num(r.drafts_equal)) for r in w.precisions),
+            caption="the head's weights quantised and dequantised as each format defines (the embedding and lm_head as "
+                    "its usual recipe keeps them; docs/whatifs.md), re-run on the same anchors; c from its bytes on the "
+                    "roofline; vs served: speedup minus the served head's at its best K, interval paired over the same "
+                    "resamples. What-ifs: the verdict is about the head as served",
+        ))
+    if w.thresholds:
+        fixed = ("fixed K", str(ks), cell(o, "tau_sim", ks - 1), cell(o, "speedup", ks - 1), "—", num(ks, 2), num(ks, 2),
+                 cell(o, "mean_acceptance_length", ks - 1), cell(o, "draft_acceptance_rate", ks - 1))
+        tables.append(TextTable(
+            title=f"what-if: drafting that stops when the head is unsure (--draft-p-min, each at its best K{at})",
+            columns=("p_min", "K", "τ_sim(K)", "speedup", "vs served", "drafts / step", "draft steps / step",
+                     "mean acceptance length", "draft acceptance rate"),
+            rows=(fixed,) + tuple(
+                (f"{r.threshold:g}", str(r.k), with_interval(r.tau_sim, r.tau_sim_lo, r.tau_sim_hi),
+                 with_interval(r.speedup, r.speedup_lo, r.speedup_hi), with_interval(r.gain, r.gain_lo, r.gain_hi, signed=True),
+                 num(r.drafted_per_step, 2), num(r.draft_steps_per_step, 2), num(r.mean_acceptance_length),
+                 num(r.draft_acceptance_rate)) for r in w.thresholds),
+            caption="llama.cpp's rule: stop at the first draft whose probability (the head's softmax over its top 10 "
+                    "logits) is below p_min, and drop it; K is the most it drafts (n_max). speedup = τ_sim / (1 + draft "
+                    "steps·c + v(drafts)); the engine-counted numbers count the steps that drafted at least one token",
+        ))
+
+        def rule_rows(items):
+            return tuple((x.name, str(x.tokens), str(x.fixed_k), num(x.fixed_speedup),
+                          "—" if x.threshold is None else f"{x.threshold:g}", str(x.threshold_k), num(x.threshold_speedup),
+                          "p_min" if x.threshold_speedup > max(x.fixed_speedup, 1.0) else "fixed K" if x.fixed_k else "none")
+                         for x in items)
+
+        columns = ("tokens", "best fixed K", "speedup", "best p_min", "K", "speedup", "pays best")
+        tables.append(TextTable(title="what-if: the best fixed K and the best p_min by batch size",
+                                columns=("B",) + columns, rows=rule_rows(w.by_batch),
+                                caption="best fixed K 0: no K beats 1 (its speedup at the argmax K shown)"))
+        tables.append(TextTable(title=f"what-if: the best fixed K and the best p_min by segment{at}",
+                                columns=("segment",) + columns, rows=rule_rows(w.by_segment),
+                                caption="a step counts in the segment of the first token it emits; point estimates"))
+    return tables
+
+
 def batch_words(report: Report) -> str:
     b = report.batch
     return "" if b is None or (len(b.times.batch) == 1 and b.binding == 1) else f" at batch {b.binding}"

@@ -190,11 +190,13 @@ def quantize_fp8_blockwise(w: Tensor, block: tuple[int, int] = FP8_BLOCK, scale_
     return q.to(torch.float8_e4m3fn).contiguous(), scale.contiguous()
 
 
-def quantize_state(tensors: dict[str, Tensor], scale_dtype=torch.float32, block=FP8_BLOCK) -> tuple[dict[str, Tensor], list[str]]:
-    """Block-FP8 the tensors a release quantises -> (tensors with their weight_scale_inv, modules_to_not_convert)."""
+def quantize_state(tensors: dict[str, Tensor], scale_dtype=torch.float32, block=FP8_BLOCK,
+                   only_head: bool = False) -> tuple[dict[str, Tensor], list[str]]:
+    """Block-FP8 the tensors a release quantises -> (tensors with their weight_scale_inv, modules_to_not_convert).
+    only_head: the head's (`mtp.*`) alone, the target left as it is."""
     out, keep = {}, set()
     for name, t in tensors.items():
-        if fp8_quantised(name, t):
+        if fp8_quantised(name, t) and (name.startswith("mtp.") or not only_head):
             out[name], out[name + "_scale_inv"] = quantize_fp8_blockwise(t, block, scale_dtype)
         else:
             out[name] = t
@@ -325,12 +327,13 @@ def rewrite_checkpoint(src: str | Path, dst: str | Path, tensors_fn, config_fn) 
     return dst
 
 
-def write_fp8_copy(src: str | Path, dst: str | Path, scale_dtype=torch.float32) -> Path:
-    """A block-FP8 copy of a float checkpoint, as an official FP8 release stores it (module doc)."""
+def write_fp8_copy(src: str | Path, dst: str | Path, scale_dtype=torch.float32, only_head: bool = False) -> Path:
+    """A block-FP8 copy of a float checkpoint, as an official FP8 release stores it (module doc); only_head: with the
+    head's projections alone in FP8 (the what-if `--head-precision fp8` must serve exactly this head)."""
     kept: list[str] = []
 
     def tensors_fn(tensors):
-        quantised, keep = quantize_state(tensors, scale_dtype)
+        quantised, keep = quantize_state(tensors, scale_dtype, only_head=only_head)
         kept.extend(keep)
         return quantised
 

@@ -133,9 +133,33 @@ Version 3, continued (past one machine: shards, merge, Ray; docs/scale.md):
                         "retried" (sessions given to another replica after theirs died)}
     run.json `errors`   each entry may carry "index" (the input index, for merge's order)
 
+Version 3, continued (what-ifs from one replay, docs/whatifs.md; every addition optional, so a version-2 or version-1 run is
+read as before and lacks only what it never asked for):
+    positions.parquet `head_precision`
+                        dictionary<int8, string>, written when `replay --head-precision` ran: null on the rows of the
+                        head as served, else the precision (bf16 | fp8 | int8 | nvfp4 | q8_0 | q6_k | q4_k) whose head
+                        drafted the row. Each precision's rows are the mtp head's at draft_k = Kmax (drafter mtp in a
+                        run of drafters) on the same anchors, with every column of the served rows (the target's too:
+                        the same reduction scores them); they come after the served rows, each precision's block in
+                        --head-precision order. A reader that wants what is served filters head_precision IS NULL
+    positions.parquet `draft_confidence`
+                        float64, written when `replay --draft-p-min` ran: on the head's rows (served and what-if), the
+                        probability llama.cpp compares with --draft-p-min — the head's softmax at temperature 1 over its
+                        ten largest logits, at its draft (mtp/head.py); NaN on other drafters' rows
+    run.json `whatifs`  null, or {"head_precision": [names], "draft_p_min": [thresholds]}: part of the run's identity
+                        (--resume needs the same); counts.rows counts every precision's rows too
+    run.json `model.head_precisions`
+                        null, or {precision: {"formats": {head tensor: format or null (kept as loaded)}, "embedding",
+                        "lm_head" (their formats), "fallbacks" (GGUF types llama-quantize would fall back from, in
+                        words), "head_dense_bytes", "head_expert_bytes", "lm_head_bytes", "embedding_row_bytes" (what
+                        a draft step reads at that precision: cost.Geometry's head fields), "draft_step_bytes" (a
+                        batch-1 draft step: dense + top-k experts + lm_head), "draft_cost" (its bytes over a batch-1
+                        target step's as served)}} (precisions.py)
+
 run.json keys:
     schema_version      3 (version-1 and -2 runs are read too; they lack the keys marked "v2" / "Version 3": among them
-                        model.weights_fingerprint, model.generation_config_sha256, options.device_map)
+                        model.weights_fingerprint, model.generation_config_sha256, options.device_map; the what-if keys
+                        are optional in version 3 too)
     tool                {"name": "mtp-observe", "version": str}
     created, finished   ISO-8601 UTC strings (finished null while running)
     status              "running" | "complete" | "failed"
@@ -291,14 +315,26 @@ TREE_NODE = ("tree_node", pa.int8())  # version 3, runs with trees only (module 
 NOT_A_TREE = -128  # tree_node as the replay holds it for a row that is not a tree's; written as null
 
 
-def positions_schema(profiles: list[str], drafters: bool = False, target: bool = True, trees: bool = False) -> pa.Schema:
+WHATIF_FIELDS = {"head_precision": pa.dictionary(pa.int8(), pa.string()), "draft_confidence": pa.float64()}
+
+
+def positions_schema(profiles: list[str], drafters: bool = False, target: bool = True, trees: bool = False,
+                     precisions: bool = False, confidence: bool = False) -> pa.Schema:
     """positions.parquet's columns: the fixed ones, then one float32 p_accept_<profile> per sampling profile.
     drafters: with the `drafter` and `draft_k` columns (a run of other drafters than mtp alone, or with variants);
-    target False: without the target's columns (a model-free replay ran no target); trees: with `tree_node`."""
+    target False: without the target's columns (a model-free replay ran no target); trees: with `tree_node`;
+    precisions: with `head_precision` (`replay --head-precision`), confidence: with `draft_confidence`
+    (`replay --draft-p-min`), version 3."""
     fields = list(_POSITION_FIELDS) + ([TREE_NODE] if trees else [])
     if drafters:
         at = [name for name, _ in fields].index("depth") + 1
         fields = fields[:at] + DRAFTER_FIELDS + fields[at:]
+    if precisions:
+        at = [name for name, _ in fields].index("depth") + 1
+        fields = fields[:at] + [("head_precision", WHATIF_FIELDS["head_precision"])] + fields[at:]
+    if confidence:
+        at = [name for name, _ in fields].index("draft_logprob") + 1
+        fields = fields[:at] + [("draft_confidence", WHATIF_FIELDS["draft_confidence"])] + fields[at:]
     if not target:
         fields = [f for f in fields if f[0] not in TARGET_COLUMNS]
         profiles = []
@@ -415,22 +451,28 @@ def _plain(x):
 
 
 def positions_table(session_id: str, per_request: list[tuple[int, dict]], profiles: list[str],
-                    drafters: list[str] | None = None, target: bool = True) -> pa.Table:
+                    drafters: list[str] | None = None, target: bool = True, precisions: list[str] | None = None,
+                    confidence: bool = False) -> pa.Table:
     """per_request: [(request index, columns from acceptance.request_rows)] -> one table, schema-exact.
 
     drafters: the run's drafter names (the columns then carry `drafter`, an index into them, and `draft_k`);
-    rows are then ordered by (drafter, draft_k, request, pos, depth). target False: no target columns."""
+    rows are then ordered by (drafter, draft_k, request, pos, depth). target False: no target columns.
+    precisions: the run's what-if precisions (the columns carry `head_precision`, an index into them, -1 for the
+    served head: null); the served rows come first, then each precision's, each ordered as above. confidence:
+    the columns carry `draft_confidence`."""
     import numpy as np
 
     trees = bool(per_request) and "tree_node" in per_request[0][1]
-    schema = positions_schema(profiles, drafters=drafters is not None, target=target, trees=trees)
+    schema = positions_schema(profiles, drafters=drafters is not None, target=target, trees=trees,
+                              precisions=bool(precisions), confidence=confidence)
     if not per_request:
         return schema.empty_table()
     cols = {name: np.concatenate([c[name] for _, c in per_request]) for name in per_request[0][1]}
     n = len(cols["pos"])
     request = np.concatenate([np.full(len(c["pos"]), r, dtype=np.int32) for r, c in per_request])
-    if drafters is not None:
-        order = np.lexsort((cols["depth"], cols["pos"], request, cols["draft_k"], cols["drafter"]))
+    if drafters is not None or precisions:
+        keys = (cols["depth"], cols["pos"], request) + ((cols["draft_k"], cols["drafter"]) if drafters is not None else ())
+        order = np.lexsort(keys + ((cols["head_precision"],) if precisions else ()))
         cols = {name: values[order] for name, values in cols.items()}
         request = request[order]
     segment = pa.DictionaryArray.from_arrays(pa.array(cols["segment"], pa.int8()), pa.array(SEGMENTS, pa.string()))
@@ -444,6 +486,10 @@ def positions_table(session_id: str, per_request: list[tuple[int, dict]], profil
                                                            pa.array(list(drafters), pa.string()))
     if trees:
         arrays["tree_node"] = pa.array(cols["tree_node"], pa.int8(), mask=cols["tree_node"] == NOT_A_TREE)
+    if precisions:
+        codes = cols["head_precision"]
+        arrays["head_precision"] = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int8(), mask=codes < 0),
+                                                                  pa.array(list(precisions), pa.string()))
     for field in schema:
         if field.name not in arrays:
             arrays[field.name] = pa.array(cols[field.name], field.type)

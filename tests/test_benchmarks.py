@@ -95,3 +95,18 @@ def test_the_nextn_roofline_at_real_sizes_matches_the_published_parameters_and_n
         assert f["unconfirmed_config"] and abs((p["total_params"] - p["head_params"]) / total - 1) < 0.02
         assert abs(p["active_params"] / active - 1) < 0.08
     assert "| B | decode (ms) |" in bench.markdown(ds)
+
+
+def test_the_what_if_benchmark_times_the_precisions_against_the_plain_replay(tmp_path):
+    out = tmp_path / "whatifs.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "whatifs_bench.py"), "--sessions", "1", "--k", "2",
+         "--precisions", "bf16,q8_0", "--draft-p-min", "0.5", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["sessions"] == 1 and result["precisions"] == ["bf16", "q8_0"] and result["draft_p_min"] == [0.5]
+    assert result["plain_cpu_s"] > 0 and result["whatif_cpu_s"] > 0 and result["confidence_only_cpu_s"] > 0
+    assert result["target_forwards"]["plain"] == result["target_forwards"]["whatif"] > 0  # the target runs once
+    assert result["report_cpu_s"]["with_thresholds"] > 0

@@ -84,6 +84,28 @@ def _parse_trees(specs: list[str]) -> tuple:
     return trees
 
 
+def _parse_precisions(values: Optional[list[str]]) -> tuple:
+    """--head-precision (repeatable, comma-separated) -> precision names, once each, in the order given."""
+    from ..precisions import parse_precisions
+
+    return parse_precisions(",".join(values)) if values else ()
+
+
+def _parse_thresholds(values: Optional[list[str]]) -> tuple:
+    """--draft-p-min (repeatable, comma-separated) -> thresholds as floats, in the order given."""
+    out = []
+    for text in ",".join(values or []).split(","):
+        if not text.strip():
+            continue
+        try:
+            out.append(float(text))
+        except ValueError:
+            raise OptionError(f"--draft-p-min {text.strip()}: expected a probability 0 to 1 (e.g. 0.3,0.5,0.8)") from None
+    if values and not out:
+        raise OptionError("--draft-p-min: no threshold given; e.g. --draft-p-min 0.3,0.5,0.8")
+    return tuple(out)
+
+
 def _with_defaults(extra, model_dir: Path) -> tuple:
     """The default profiles, each replaced by an --sampling profile of the same name, then the new ones."""
     from ..pipeline import default_profiles
@@ -130,6 +152,8 @@ def replay(
     replicas: Annotated[Optional[int], typer.Option("--replicas", metavar="N", help="With --ray: model replicas (Ray actors, each loads the model once; default: the cluster's GPUs / --gpus-per-replica, 1 without GPUs).")] = None,
     gpus_per_replica: Annotated[Optional[float], typer.Option("--gpus-per-replica", metavar="G", help="With --ray: GPUs per replica, on one node (the target spread over them with device_map when G > 1; default 1 when the cluster has GPUs, else 0).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the estimate of the work (tokens to prefill, anchors to draft, a time range from a short calibration on the model) and exit, writing nothing.")] = False,
+    head_precision: Annotated[Optional[list[str]], typer.Option("--head-precision", metavar="P,...", help="What-if: re-run the head at these precisions on the same anchors, the target unchanged: bf16, fp8, int8, nvfp4, q8_0, q6_k, q4_k (comma-separated, repeatable; docs/whatifs.md).")] = None,
+    draft_p_min: Annotated[Optional[list[str]], typer.Option("--draft-p-min", metavar="P,...", help="What-if: stop drafting where the head's probability of its draft (llama.cpp's: softmax over its top 10 logits) falls below each threshold, 0 to 1 (comma-separated, repeatable; docs/whatifs.md).")] = None,
 ) -> None:
     """Replay sessions through the target with the MTP head (and other drafters) alongside; write the run directory."""
     from ..drafters.roster import NEEDS_MTP, parse_drafters
@@ -169,7 +193,8 @@ def replay(
                          device_map=device_map, template=overrides, drafters=names, ngram=ngram_config,
                          suffix=suffix_config, part_sessions=part_sessions, head_engine=head_reading, shard=shard_spec,
                          ray=ray_options, serve_device=serve_device, fp8_activations=fp8_activations,
-                         trees=trees)
+                         trees=trees, head_precisions=_parse_precisions(head_precision),
+                         draft_p_min=_parse_thresholds(draft_p_min))
     if dry_run:
         say(out, estimate_line(replay_estimate(files, model_dir, opts)))
         return

@@ -7,6 +7,7 @@ docstring is the contract and lists the readings taken from the engines)."""
 from .attention import GatedAttention, GqaAttention, MlaAttention, build_attention, causal_mask
 from .head import (
     ATTENTION_BUDGET,
+    DRAFT_TOP_K,
     LOGITS_BUDGET,
     QWEN_READING,
     CausalBias,
@@ -16,6 +17,7 @@ from .head import (
     _lower_right,
     anchor_block,
     build_head,
+    draft_confidence,
     log_sum_exp_shifted_,
 )
 from .mlp import DenseMlp, GroupedMoeMlp, SparseMoeMlp, build_mlp, route, route_grouped, routed_experts
@@ -31,9 +33,9 @@ from .rope import (
 )
 
 __all__ = [
-    "ATTENTION_BUDGET", "LOGITS_BUDGET", "QWEN_READING", "CausalBias", "DenseMlp", "Drafts", "GatedAttention",
+    "ATTENTION_BUDGET", "DRAFT_TOP_K", "LOGITS_BUDGET", "QWEN_READING", "CausalBias", "DenseMlp", "Drafts", "GatedAttention",
     "GqaAttention", "GroupedMoeMlp", "MlaAttention", "MtpHead", "RowPass", "SparseMoeMlp", "_lower_right",
-    "anchor_block", "apply_interleaved_rotary", "apply_partial_rotary", "build_attention", "build_head", "build_mlp", "causal_mask",
+    "anchor_block", "apply_interleaved_rotary", "apply_partial_rotary", "build_attention", "build_head", "build_mlp", "causal_mask", "draft_confidence",
     "log_sum_exp_shifted_", "rms_norm", "rotary_cos_sin", "rotary_frequencies", "rotary_inv_freq", "route",
     "route_grouped", "routed_experts", "softmax_scale", "yarn_mscale", "zero_centred_rms_norm",
 ]

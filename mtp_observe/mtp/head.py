@@ -62,13 +62,23 @@ Readings taken from the serving engines' code rather than from tensor shapes (vL
   - the logits use the target's lm_head and embedding, also where the NextN layer ships copies
     (llm_base_proposer.py:1500-1503, 1560-1576; SGLang skips the copies, deepseek_weight_loader.py:319-335);
   - drafts are argmax whatever the serving temperature.
+Confidence (`chain(..., confidence=True)`, and the stop `p_min`): the probability llama.cpp compares with
+--draft-p-min (common/speculative.cpp, draft-mtp and draft-simple alike: `cur_p->data[0].p < params.p_min`
+after `common_sampler_sample` with the draft sampler `top_k = 10` and no temperature sampler,
+common/sampling.cpp `common_sampler_init` -> top_k then dist): the head's softmax at temperature 1 over its
+ten largest logits, at the argmax, 1 / Σ_{top 10} exp(l - l_max) — the head's own probability of its draft,
+after llama.cpp's draft sampler (not the served sampler, which llama.cpp never applies to drafts, and not the
+whole-vocabulary softmax, which is smaller). Computed in float64 (llama.cpp's float32 rounds it to 1.0 once
+the other nine are ~17 nats below; here past ~37). The stop is current llama.cpp's (PR #22506, 2026-04-29):
+the first draft below p_min is dropped and the anchor stops drafting; strict `<`, so p = p_min drafts on.
+The chain computes it for the Qwen heads and the NextN heads alike (the logits are lm_head(m) for both).
 Readings that follow from the families' own attention are in mtp/attention.py, the routing in mtp/mlp.py, the
 rotary (and its scaling) in mtp/rope.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -89,6 +99,8 @@ except ImportError:  # pragma: no cover
 ATTENTION_BUDGET = 1 << 26  # 64 Mi elements = 256 MiB
 # Default bound on one lm_head logits block (elements of [rows, vocab] in fp32).
 LOGITS_BUDGET = 1 << 26
+# llama.cpp's draft sampler: top_k 10 and nothing else (common/speculative.cpp: sparams.top_k = 10; samplers = {TOP_K}).
+DRAFT_TOP_K = 10
 # The Qwen heads' reading, which both engines share (families.head_reading).
 QWEN_READING = HeadReading("vllm", "any", zero_position_0_embedding=False, fed_back="post_norm")
 
@@ -116,6 +128,8 @@ class Drafts:
     tokens: Tensor  # [A, K] int64  d_1..d_K; -1 past depths[a]
     logprobs: Tensor  # [A, K] float32  log-softmax of the head's logits at d_k; nan past depths[a]
     states: Tensor | None = None  # [A, K, H]  m^(k) (the logits' state), only when asked for (keep_states=True)
+    confidence: Tensor | None = None  # [A, K] float64  llama.cpp's p of d_k (module doc); nan where not drafted
+    drafted: Tensor | None = None  # [A] int64  drafts kept under p_min (its first draft below p_min dropped)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,6 +393,8 @@ class MtpHead(nn.Module):
         attention_budget: int = ATTENTION_BUDGET,
         logits_budget: int = LOGITS_BUDGET,
         keep_states: bool = False,
+        confidence: bool = False,
+        p_min: float | None = None,
     ) -> Drafts:
         """Draft d_1..d_{depths[a]} at every anchor, batched over anchors (no Python loop over them).
 
@@ -386,7 +402,12 @@ class MtpHead(nn.Module):
         along no particular order. Step s >= 2 runs only at anchors with depths >= s. Its query
         attends to the true rows 0..p-1 (a prefix of the cache) and to its own earlier chain rows,
         expressed as one block-structured boolean mask over [prefix keys | chain keys of the block].
+
+        confidence: also return llama.cpp's p of every draft (module doc). p_min (implies confidence):
+        stop drafting at an anchor at the first step whose draft has p < p_min, dropping that draft
+        (tokens -1 from there, `drafted` the drafts kept); p_min = 0 drafts exactly as without it.
         """
+        confidence = confidence or p_min is not None
         g = self.geometry
         device = self.device
         anchors = anchors.to(device=device, dtype=torch.long)
@@ -398,22 +419,43 @@ class MtpHead(nn.Module):
         tokens = torch.full((A, max(K, 1)), -1, dtype=torch.long, device=device)
         logprobs = torch.full((A, max(K, 1)), float("nan"), dtype=torch.float32, device=device)
         kept = torch.zeros(A, max(K, 1), g.hidden_size, dtype=self.dtype, device=device) if keep_states else None
+        sure = torch.full((A, max(K, 1)), float("nan"), dtype=torch.float64, device=device) if confidence else None
+        stopped = torch.zeros(A, dtype=torch.bool, device=device)  # p_min: the anchor drafts no more
+
+        def finish(drafts: Drafts) -> Drafts:
+            if p_min is None:
+                return drafts
+            return replace(drafts, drafted=(drafts.tokens >= 0).long().cumprod(dim=1).sum(dim=1))
+
         if A == 0:
-            return Drafts(anchors, depths, tokens, logprobs, kept)
+            return finish(Drafts(anchors, depths, tokens, logprobs, kept, sure))
+
+        def stop_low(where: Tensor, step: int) -> None:  # p_min: drop the drafts below it, stop those anchors
+            if p_min is None:
+                return
+            low = where[sure[where, step - 1] < p_min]
+            tokens[low, step - 1] = -1
+            stopped[low] = True
 
         # Step 1: the row pass already holds m_{p-1} (and y_{p-1} when the reading feeds y back).
         m = rows.states[anchors - 1]  # [A, H]
         state = rows.fed_back[anchors - 1] if self.feeds_back_pre_norm else m  # what step 2 is fed
         if kept is not None:
             kept[:, 0] = m
-        tokens[:, 0], logprobs[:, 0] = self._argmax_chunked(m, logits_budget)
+        first = self._argmax_chunked(m, logits_budget, confidence)
+        tokens[:, 0], logprobs[:, 0] = first[0], first[1]
+        if confidence:
+            sure[:, 0] = first[2]
+            stop_low(torch.arange(A, device=device), 1)
         at = self.attention
         chain_keys = torch.empty(at.kv_heads, A, max(K - 1, 1), at.key_dim, dtype=self.dtype, device=device)
         chain_values = torch.empty(at.kv_heads, A, max(K - 1, 1), at.value_dim, dtype=self.dtype, device=device)
 
         # Steps 2..K over the anchors still drafting: each query sees rows 0..p-1 and its own chain rows.
         for step in range(2, K + 1):
-            alive = torch.nonzero(depths >= step).squeeze(1)  # [A_s] indices into anchors
+            alive = torch.nonzero((depths >= step) & ~stopped).squeeze(1)  # [A_s] indices into anchors
+            if alive.numel() == 0:
+                break
             a_pos = anchors[alive]
             z, query, gate, key, value = self.draft_inputs(state[alive], tokens[alive, step - 2], a_pos + step - 2)
             chain_keys[:, alive, step - 2] = key
@@ -423,10 +465,15 @@ class MtpHead(nn.Module):
             new_m, new_y = self.finish_row_states(z, attn, gate)
             state = state.clone()
             state[alive] = new_y if self.feeds_back_pre_norm else new_m
-            tokens[alive, step - 1], logprobs[alive, step - 1] = self._argmax_chunked(new_m, logits_budget)
+            drafted = self._argmax_chunked(new_m, logits_budget, confidence)
+            tokens[alive, step - 1], logprobs[alive, step - 1] = drafted[0], drafted[1]
+            if confidence:
+                sure[alive, step - 1] = drafted[2]
+                stop_low(alive, step)
             if kept is not None:
                 kept[alive, step - 1] = new_m
-        return Drafts(anchors=anchors, depths=depths, tokens=tokens, logprobs=logprobs, states=kept)
+        return finish(Drafts(anchors=anchors, depths=depths, tokens=tokens, logprobs=logprobs, states=kept,
+                             confidence=sure))
 
     @torch.no_grad()
     def decode_step(self, rows: RowPass, prefix: int, hidden: Tensor, tokens: Tensor, positions: Tensor):
@@ -464,18 +511,34 @@ class MtpHead(nn.Module):
             lps[r0 : r0 + rows] = top - torch.logsumexp(logits, dim=-1, keepdim=True)
         return ids, lps.exp(), lps
 
-    def _argmax_chunked(self, states: Tensor, budget: int) -> tuple[Tensor, Tensor]:
-        """states: [n, H] -> (argmax token [n] int64, its log-softmax [n] fp32), vocab chunked by rows."""
+    def _argmax_chunked(self, states: Tensor, budget: int, confidence: bool = False) -> tuple[Tensor, ...]:
+        """states: [n, H] -> (argmax token [n] int64, its log-softmax [n] fp32[, llama.cpp's p [n] fp64 when
+        confidence]), vocab chunked by rows."""
         n = states.shape[0]
         rows = max(1, budget // self.geometry.vocab_size)
         ids = torch.empty(n, dtype=torch.long, device=self.device)
         lps = torch.empty(n, dtype=torch.float32, device=self.device)
+        sure = torch.empty(n, dtype=torch.float64, device=self.device) if confidence else None
         for r0 in range(0, n, rows):
             logits = self.logits(states[r0 : r0 + rows])
             best, idx = logits.max(dim=-1)
             ids[r0 : r0 + rows] = idx
+            if sure is not None:
+                sure[r0 : r0 + rows] = draft_confidence(logits)
             lps[r0 : r0 + rows] = -log_sum_exp_shifted_(logits, best)
-        return ids, lps
+        return (ids, lps) if sure is None else (ids, lps, sure)
+
+
+def draft_confidence(logits: Tensor) -> Tensor:
+    """logits [n, V] -> [n] float64: llama.cpp's probability of the argmax draft, the softmax at temperature 1
+    over the DRAFT_TOP_K largest logits (module doc): 1 / Σ_{j < 10} exp(l_(j) - l_(0)).
+
+    Worked example, logits (5, 4, 3) and 997 more at 0: the top ten are (5, 4, 3, 0 x 7), so
+    p = 1 / (1 + e^-1 + e^-2 + 7 e^-5) = 0.645, where the whole vocabulary's softmax gives 0.122 — llama.cpp's
+    sampler truncates before it normalises.
+    """
+    top = logits.topk(min(DRAFT_TOP_K, logits.shape[-1]), dim=-1).values.double()  # sorted, descending
+    return 1.0 / torch.exp(top - top[:, :1]).sum(dim=-1)
 
 
 def log_sum_exp_shifted_(logits: Tensor, rowmax: Tensor) -> Tensor:

@@ -231,6 +231,48 @@ def layer_rules_json(report: Report) -> list[dict]:
              "speedup": seq(r.overall.value.speedup), "best_k": r.best_k} for r in report.layer_rules]
 
 
+def whatifs_json(report: Report) -> dict:
+    """`head_precisions`, `draft_p_min` and `whatifs` (README, "report JSON"; docs/whatifs.md): empty lists and null
+    for a run without what-ifs."""
+    w = report.whatifs
+    if w is None:
+        return {"head_precisions": [], "draft_p_min": [], "whatifs": None}
+
+    def maybe(x):
+        return _num(x) if x is not None else None
+
+    precisions = [{"precision": r.precision, "alpha": [_num(a) for a in r.alpha], "tau_sim": _num(r.tau_sim),
+                   "c": _num(r.c), "speedup": _num(r.speedup), "k": r.k, "tau_sim_lo": maybe(r.tau_sim_lo),
+                   "tau_sim_hi": maybe(r.tau_sim_hi), "speedup_lo": maybe(r.speedup_lo), "speedup_hi": maybe(r.speedup_hi),
+                   "gain": _num(r.gain), "gain_lo": maybe(r.gain_lo), "gain_hi": maybe(r.gain_hi),
+                   "draft_step_bytes": r.draft_step_bytes, "drafts_equal": _num(r.drafts_equal),
+                   "fallbacks": list(r.fallbacks)} for r in w.precisions]
+    thresholds = [{"threshold": r.threshold, "tau_sim": _num(r.tau_sim), "speedup": _num(r.speedup), "k": r.k,
+                   "tau_sim_lo": maybe(r.tau_sim_lo), "tau_sim_hi": maybe(r.tau_sim_hi),
+                   "speedup_lo": maybe(r.speedup_lo), "speedup_hi": maybe(r.speedup_hi), "gain": _num(r.gain),
+                   "gain_lo": maybe(r.gain_lo), "gain_hi": maybe(r.gain_hi), "drafted_per_step": _num(r.drafted_per_step),
+                   "draft_steps_per_step": _num(r.draft_steps_per_step),
+                   "mean_acceptance_length": _num(r.mean_acceptance_length),
+                   "draft_acceptance_rate": _num(r.draft_acceptance_rate),
+                   "tau_sim_by_k": [_num(x) for x in r.tau_sim_by_k], "speedup_by_k": [_num(x) for x in r.speedup_by_k]}
+                  for r in w.thresholds]
+
+    def rule(x) -> dict:
+        return {"name": x.name, "tokens": x.tokens, "fixed_k": x.fixed_k, "fixed_speedup": _num(x.fixed_speedup),
+                "threshold": x.threshold, "threshold_k": x.threshold_k, "threshold_speedup": _num(x.threshold_speedup)}
+
+    b = w.best
+    best = None if b is None else {"kind": b.kind, "name": b.name, "k": b.k, "speedup": _num(b.speedup),
+                                   "speedup_lo": maybe(b.speedup_lo), "speedup_hi": maybe(b.speedup_hi),
+                                   "gain": _num(b.gain), "gain_lo": maybe(b.gain_lo), "gain_hi": maybe(b.gain_hi),
+                                   "served_k": b.served_k, "served_speedup": _num(b.served_speedup), "batch": b.batch,
+                                   "line": b.line}
+    return {"head_precisions": precisions, "draft_p_min": thresholds,
+            "whatifs": {"batch": w.batch, "served_k": w.served_k, "served_speedup": _num(w.served_speedup),
+                        "by_batch": [rule(x) for x in w.by_batch], "by_segment": [rule(x) for x in w.by_segment],
+                        "best": best, "notes": list(w.notes)}}
+
+
 def report_json(report: Report, comparison: Comparison | None = None) -> dict:
     m = report.manifest
     model = m.get("model") or {}
@@ -279,6 +321,7 @@ def report_json(report: Report, comparison: Comparison | None = None) -> dict:
             for c in report.speculative
         ],
         "drafters": drafters_json(report),
+        **whatifs_json(report),
         "batch": batch_json(report.batch, v.serves) if report.batch is not None else None,
         "trees": trees_json(report),
         "configurations": configurations_json(report),

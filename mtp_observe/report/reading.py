@@ -3,12 +3,13 @@
 Contract:
     read_and_summarize(path, ...) -> Reading
                                      the run (default: the newest under root), its cost table, the report at the
-                                     gated batch size with every drafter ranked, and the baseline comparison
+                                     gated batch size with every drafter ranked and its what-ifs (whatifs.py), and
+                                     the baseline comparison
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..cost import DEFAULT_BATCHES, parse_gated
@@ -23,6 +24,7 @@ from .run import Run, load_run, newest_run, run_drafters
 from .summary import Report, summarize, summarize_at_batch
 from .trees import summarize_trees
 from .verdict import Gate
+from .whatifs import summarize_whatifs
 
 MAX_REPLICATES = 100_000  # bootstrap weights are [replicates, sessions] float64: past this, memory, not accuracy
 
@@ -93,6 +95,9 @@ def read_and_summarize(
     report = summarize_at_batch(run, drafter_table(table, run.drafter), (lo, hi), recorded_with=recorded_with, **options)
     report = summarize_drafters(report, run, table, recorded_with=recorded_with, **options)
     report = summarize_trees(report, run, table, recorded_with=recorded_with, **options)  # the what-ifs beside the chain
+    whatifs = summarize_whatifs(report, run, table, recorded_with=recorded_with, **options)
+    if whatifs is not None:
+        report = replace(report, whatifs=whatifs, notes=report.notes + whatifs.notes)
     comparison = None
     if baseline is not None:
         base_manifest = read_manifest(Path(baseline))

@@ -1,7 +1,7 @@
 """The run read back and checked: a run directory as arrays the report's stages read.
 
 Contract:
-    load_run(path, drafter=None, variant=None) -> Run
+    load_run(path, drafter=None, variant=None, precision=None) -> Run
                                      reads a run directory of schema_version 1, 2 or 3 (tables.py) and refuses anything
                                      else in one line (RunDirectoryError): a complete run must agree with its
                                      manifest's counts, probabilities must lie in [0, 1] and log-probabilities at or
@@ -15,6 +15,8 @@ Drafters (a run of several, tables.py): `load_run(path, drafter)` reads one draf
 numbers by the same lines. Variants (version 3: a tree's rows, the stepwise layer rule's): `load_run(path,
 variant=(name, depth))` reads that block as a Run of Kmax = its depth, with the tree's `tree_node` when it has one
 (report/trees.py).
+numbers by the same lines. What-ifs (version 3, `replay --head-precision`): `load_run(path, "mtp", precision)`
+reads the rows of the head at that precision the same way; without `precision`, the served head's.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class Rows:
     draft_token: np.ndarray  # [R] int64
     anchor: np.ndarray  # [R] int64  index of the row's anchor (into Run.accepted_len)
     tree_node: np.ndarray | None = None  # [R] int64  a tree's rows only (tables.py, version 3); None otherwise
+    confidence: np.ndarray | None = None  # [R] float64  llama.cpp's p of the draft (draft_confidence; None without)
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,7 @@ class Run:
     draft_len: np.ndarray | None = None  # [A] int64  tokens each anchor's (Kmax) draft holds, past the end of the
     #                                      turn too (vLLM's num_draft_tokens of a step there); None: always K (mtp)
     draft_len_by_k: np.ndarray | None = None  # [A, K] the same for the draft made for K' = 1..K (per-K drafters)
+    precision: str | None = None  # the what-if precision of the head these rows are of (None: the head as served)
 
     @property
     def has_fit(self) -> bool:
@@ -128,6 +132,20 @@ def judged_drafter(manifest: dict, drafter: str | None = None) -> str:
     if drafter not in names:
         raise OptionError(f"--drafter {drafter}: the run has no rows of it; it has {', '.join(names)}")
     return drafter
+
+
+def run_precisions(manifest: dict) -> tuple[str, ...]:
+    """The head precisions a run holds what-if rows of (run.json whatifs.head_precision; version 3)."""
+    whatifs = manifest.get("whatifs")
+    names = whatifs.get("head_precision") if isinstance(whatifs, dict) else None
+    return tuple(str(n) for n in names) if isinstance(names, list) else ()
+
+
+def run_thresholds(manifest: dict) -> tuple[float, ...]:
+    """The --draft-p-min thresholds of a run (run.json whatifs.draft_p_min; version 3)."""
+    whatifs = manifest.get("whatifs")
+    values = whatifs.get("draft_p_min") if isinstance(whatifs, dict) else None
+    return tuple(float(v) for v in values) if isinstance(values, list) else ()
 
 
 def _draft_ks(manifest: dict, drafter: str, k: int) -> tuple[int, ...]:
@@ -155,12 +173,17 @@ def head_reading_note(manifest: dict, version: int) -> str | None:
             "replay --head-reading for the other engine's)")
 
 
-def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, int] | None = None) -> Run:
+def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, int] | None = None,
+             precision: str | None = None) -> Run:
     """Read and check a run directory (the rows of one drafter: `judged_drafter`; or of one variant, (name, depth):
-    a tree's or the stepwise layer rule's block, version 3). Every inconsistency a reader would trip on is one
-    RunDirectoryError."""
+    a tree's or the stepwise layer rule's block, version 3; with precision, the head's rows at that what-if
+    precision, version 3). Every inconsistency a reader would trip on is one RunDirectoryError."""
     path = Path(path)
     manifest = read_manifest(path)
+    precisions = run_precisions(manifest)
+    if precision is not None and precision not in precisions:
+        raise OptionError(f"the run has no rows of the head at {precision}; it has {', '.join(precisions) or 'none'} "
+                          "(replay --head-precision)")
     K = manifest["k"] if variant is None else int(variant[1])
     target_ran = manifest.get("target_ran", True) is not False
     profiles = tuple(manifest.get("sampling", {})) if target_ran else ()
@@ -217,7 +240,13 @@ def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, i
                "draft_logprob"] + (["target_token", "target_logprob", "actual_logprob"] if target_ran else []) + \
               [f"p_accept_{p}" for p in profiles] + (["draft_len"] if with_draft_len else []) + \
               (["tree_node"] if tree_rows else []) + [PART]
-    table = read_dataset(positions_path, columns, status, filter=_variant(chosen, K) if with_drafters else None)
+    confident = has_column(positions_path, "draft_confidence")
+    columns += ["draft_confidence"] if confident else []
+    rows_filter = _variant(chosen, K) if with_drafters else None
+    if has_column(positions_path, "head_precision"):  # the served head's rows, or one what-if precision's
+        which = pads.field("head_precision").is_null() if precision is None else pads.field("head_precision") == precision
+        rows_filter = which if rows_filter is None else rows_filter & which
+    table = read_dataset(positions_path, columns, status, filter=rows_filter)
     if table.num_rows == 0:
         raise _run_error(positions_path, "has no rows" + (f" of drafter {chosen}" if with_drafters else "") +
                          ": the run scored no assistant tokens, so there is nothing to report")
@@ -241,6 +270,7 @@ def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, i
     match, accepted = col("match", bool)[order], col("accepted", bool)[order]
     draft_token = col("draft_token")[order]
     draft_len_rows = col("draft_len")[order] if with_draft_len else None
+    confidence = col("draft_confidence", np.float64)[order] if confident else None
     on_policy = ((col("actual_token")[order] == col("target_token")[order]).astype(np.float64) if target_ran
                  else np.full(len(order), np.nan))
     p_accept = np.stack([col(f"p_accept_{p}", np.float64)[order] for p in profiles], axis=1) if profiles \
@@ -263,7 +293,7 @@ def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, i
     spans = _flatten_spans(req, session_keys, sessions, requests_path, notes, profiles, read_fit=version >= 2 and target_ran)
     on_path, anchor, accepted_len, span_index = _chains(K, session, request, pos, depth, match, accepted, spans, sessions,
                                                         positions_path, requests_path)
-    if status == "complete":
+    if status == "complete" and precision is None:
         _check_counts(path / "run.json", counts, req, int((depth == 1).sum()), count_rows(positions_path),
                       requests_path, positions_path)
     accepted_len_by_k = draft_len_by_k = None
@@ -284,7 +314,7 @@ def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, i
     rows = Rows(
         session=session, request=request, pos=pos, depth=depth, segment=segment,
         turn=spans.turn[span_index][anchor], accepted=accepted, on_path=on_path, on_policy=on_policy,
-        p_accept=p_accept, draft_token=draft_token, anchor=anchor, tree_node=tree_node,
+        p_accept=p_accept, draft_token=draft_token, anchor=anchor, tree_node=tree_node, confidence=confidence,
     )
     own, longest = _session_facts(req, session_keys, version)
     loop = _loop_steps(req, session_keys, sessions, spans, requests_path) if with_loop else None
@@ -292,7 +322,8 @@ def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, i
                session_keys=session_keys, rows=rows, spans=spans, accepted_len=accepted_len, notes=tuple(notes),
                version=version, own_sampler=own, longest=longest, loop=loop, drafter=chosen, drafters=drafters,
                target_ran=target_ran, accepted_len_by_k=accepted_len_by_k, draft_len=draft_len,
-               draft_len_by_k=draft_len_by_k)
+               draft_len_by_k=draft_len_by_k, precision=precision)
+
 
 
 def _canonical_order(codes: np.ndarray, keys: tuple, path: Path, status: str, version: int, manifest: dict,

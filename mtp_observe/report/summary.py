@@ -52,6 +52,7 @@ from .verdict import Gate, RecordingSampler, Verdict, judge, recording_sampler
 if TYPE_CHECKING:
     from .drafters import DrafterSummary, Rank
     from .trees import Configuration, LayerRule, TreeSummary
+    from .whatifs import WhatIfs
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class Report:
     trees: tuple["TreeSummary", ...] = ()  # each replayed tree configuration beside the chain (report/trees.py)
     configurations: tuple["Configuration", ...] = ()  # the best of the chain and the trees at each batch size (a what-if)
     layer_rules: tuple["LayerRule", ...] = ()  # a head with several MTP layers: each rule over the same anchors
+    whatifs: "WhatIfs | None" = None  # the head at other precisions and confidence-stopped drafting (report/whatifs.py)
 
     facts: Facts | None = None  # what the verdict's next-step commands are made of (advice.facts_of)
 
