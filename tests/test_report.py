@@ -519,7 +519,7 @@ def test_conflicting_or_missing_draft_costs_are_one_line(hand_run, runs, tmp_pat
 
 REPORT_KEYS = {"report_version", "run", "cost", "bootstrap", "k", "overall", "best", "on_policy", "recorded_with", "verdict",
                "slices", "notes", "baseline", "speculative_check", "drafters", "batch",
-               "trees", "configurations", "layer_rules"}
+               "trees", "configurations", "layer_rules", "head_precisions", "draft_p_min", "whatifs"}
 BATCH_KEYS = {"source", "detail", "unit", "batch_sizes", "context", "k", "speedup", "speedup_lo", "speedup_hi", "best_k",
               "break_even_tau", "draft_cost", "verify_extra", "target_step", "draft_step", "bound", "flags", "notes",
               "experts", "gated", "binding", "num_speculative_tokens_per_batch_size", "speculative_config"}
