@@ -290,8 +290,15 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     extra_tokens = [d.tokens.cpu()[a, k - 1] for d in other.values()]
     served_reduce, whatif_reductions = reduce_with(reduce, index.target_position, ids[index.actual_position], extra_tokens)
     if drafters is not None:
-        groups = drafters.draft(ids.numpy(), request.spans, keep=keep, mtp=drafts.tokens.cpu().numpy())
-        columns, reductions = drafter_columns(ids, segments, request.spans, groups, drafts.logprobs.cpu(), served_reduce,
+        # the roster takes the head's drafts as [A, Kmax]: a request whose every span is shorter than Kmax + 1 has a
+        # chain of fewer columns (chain's K is the deepest anchor's), padded here with no-draft (-1) / NaN
+        head_tokens, head_logprobs = drafts.tokens.cpu(), drafts.logprobs.cpu()
+        short = k_max - head_tokens.shape[1]
+        if short > 0:
+            head_tokens = torch.nn.functional.pad(head_tokens, (0, short), value=-1)
+            head_logprobs = torch.nn.functional.pad(head_logprobs, (0, short), value=float("nan"))
+        groups = drafters.draft(ids.numpy(), request.spans, keep=keep, mtp=head_tokens.numpy())
+        columns, reductions = drafter_columns(ids, segments, request.spans, groups, head_logprobs, served_reduce,
                                               extra=blocks, first_code=len(groups))  # 3, 4
     else:
         reductions = served_reduce(index.target_position, drafts.tokens.cpu()[a, k - 1], ids[index.actual_position])  # 3
