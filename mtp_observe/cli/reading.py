@@ -173,12 +173,12 @@ def export(
         say(err, plan.lines[0])
         raise typer.Exit(code=plan.exit_code)
     text = render(reading, engine, k, tree)  # a refusal of the options is its one line, before the verdict's
+    if output is not None:  # written first: a write the OS refuses is the failure's one line
+        write_output(output, "--output", lambda p: p.write_text(text, encoding="utf-8"))
     for line in ([chosen] if chosen else []) + list(plan.lines):
         say(err, line)
     if output is None:
         sys.stdout.write(text)
-    else:
-        write_output(output, "--output", lambda p: p.write_text(text, encoding="utf-8"))
 
 
 def compare(
