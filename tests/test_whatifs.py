@@ -227,11 +227,17 @@ def _cost(run):
     return drafter_cost(resolve_cost(run), run.drafter)
 
 
+def _run_as(doc: dict, run) -> dict:
+    """The report JSON with the run's own directory (which the verdict's next steps name) written RUN."""
+    return json.loads(json.dumps(doc).replace(json.dumps(str(run))[1:-1], "RUN"))
+
+
 def test_the_report_puts_the_what_ifs_beside_a_verdict_about_the_served_head(runs):
     kwargs = dict(replicates=200, seed=0)
     with_ifs = read_and_summarize(runs["whatif"], **kwargs)
     plain = read_and_summarize(runs["plain"], **kwargs)
     a, b = report_json(with_ifs.report), report_json(plain.report)
+    a, b = _run_as(a, runs["whatif"]), _run_as(b, runs["plain"])  # the next steps name each run's own directory
     assert a["verdict"] == b["verdict"] and a["best"] == b["best"]  # the verdict is about what is served
     assert b["head_precisions"] == [] and b["draft_p_min"] == [] and b["whatifs"] is None
     assert [r["precision"] for r in a["head_precisions"]] == ["bf16", "fp8", "q4_k"]
@@ -256,8 +262,8 @@ def test_a_version_2_run_reads_as_it_did_and_lacks_only_the_what_ifs(runs, tmp_p
     assert manifest["schema_version"] == 3 and manifest["whatifs"] is None
     del manifest["whatifs"], manifest["model"]["head_precisions"]
     (old / "run.json").write_text(json.dumps(manifest | {"schema_version": 2}))
-    a = report_json(read_and_summarize(old, replicates=100, seed=0).report)
-    b = report_json(read_and_summarize(runs["plain"], replicates=100, seed=0).report)
+    a = _run_as(report_json(read_and_summarize(old, replicates=100, seed=0).report), old)
+    b = _run_as(report_json(read_and_summarize(runs["plain"], replicates=100, seed=0).report), runs["plain"])
     assert a["run"]["schema_version"] == 2 and a["head_precisions"] == [] and a["whatifs"] is None
     for doc in (a, b):
         doc["run"] = {key: value for key, value in doc["run"].items() if key not in ("path", "schema_version")}
@@ -271,7 +277,7 @@ def test_a_version_2_run_reads_as_it_did_and_lacks_only_the_what_ifs(runs, tmp_p
 
 
 def test_the_what_if_tables_print_under_the_report(runs):
-    code, out, err = run_cli(["report", str(runs["whatif"]), "--replicates", "100"])
+    code, out, err = run_cli(["report", str(runs["whatif"]), "--replicates", "100", "--details"])  # the what-if tables are details
     assert code == 0, err
     assert "what-if: the head at other precisions" in out and "what-if: drafting that stops" in out
     assert "what-if: " in out.split("acceptance and projected speedup by K")[0]  # the one line, above the tables

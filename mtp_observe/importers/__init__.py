@@ -322,7 +322,6 @@ def _lines(fmt, files, options, on_error, warn, counts: list[FileCount]) -> Iter
                 raise source.error(f"{message}; remove it from the inputs")
             if warn is not None:
                 warn(f"{source.name}: {message} (found in a directory: skipped)")
-    _refuse_nothing_found(counts, files)
     formats = {c.format for c in counts}
     if outputs and not any(c.format == "openai-batch" and not c.note for c in counts):
         raise InputError(f"{Source(outputs[0]).name}: an OpenAI Batch output file without its input file; give the input "
@@ -331,6 +330,7 @@ def _lines(fmt, files, options, on_error, warn, counts: list[FileCount]) -> Iter
         if getattr(options, option) is not None and not formats & set(readers):
             raise OptionError(f"--{option.replace('_', '-')} applies to {', '.join(readers)}; none of the files is in such a format "
                               f"({', '.join(sorted(formats - {'?'})) or 'none read'})")
+    _refuse_nothing_found(counts, files)  # after the Batch pairing's own refusal, which names the cause
 
 
 def _refuse_nothing_found(counts: list[FileCount], files) -> None:
