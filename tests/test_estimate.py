@@ -287,15 +287,26 @@ def test_replay_and_generate_say_the_estimate_first_and_generate_takes_max_sessi
     assert rep.stdout.splitlines()[0].startswith("estimate: ") and ", 2 sessions · " in rep.stdout.splitlines()[0]
 
 
+def unwrapped(stdout: str) -> list[str]:
+    """stdout's lines with the terminal's wrapping undone: a line indented by two spaces continues the one before."""
+    lines: list[str] = []
+    for line in stdout.splitlines():
+        if line.startswith("  ") and lines and not line.startswith("   "):
+            lines[-1] += " " + line[2:]
+        else:
+            lines.append(line)
+    return lines
+
+
 def test_sessions_shows_the_work_and_time_of_a_replay_and_a_generate(tiny_checkpoint, tmp_path):
     sessions = write_sessions(tmp_path / "s.jsonl", [SESSION])
     shown = run_cli("sessions", sessions, "--model", tiny_checkpoint, "--device", "cpu")
     assert shown.returncode == 0, shown.stderr
-    replay_line, generate_line = shown.stdout.splitlines()[-2:]
+    replay_line, generate_line = unwrapped(shown.stdout)[-2:]
     assert replay_line.startswith("replay (--k 4): ") and "anchors to draft" in replay_line and "an estimate" in replay_line
     assert generate_line.startswith("generate (--batch-size 8): ") and "tokens to generate" in generate_line
     quick = run_cli("sessions", sessions, "--model", tiny_checkpoint, "--no-estimate")
-    assert quick.returncode == 0 and quick.stdout.splitlines()[-2].endswith("· no time estimate (--no-estimate: no weights loaded)")
+    assert quick.returncode == 0 and unwrapped(quick.stdout)[-2].endswith("· no time estimate (--no-estimate: no weights loaded)")
 
 
 # --- generate's progress inside a long prefill -------------------------------------------------------

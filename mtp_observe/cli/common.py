@@ -142,16 +142,18 @@ def check_writable(path: Optional[Path], option: str, suffixes: tuple[str, ...] 
     check_output(path, option, inputs=inputs, kept=kept, suffixes=suffixes)
 
 
-def write_output(path: Path, option: str, write) -> None:
+def write_output(path: Path, option: str, write, announce: bool = True) -> None:
     """write(a temporary) renamed over path (outputs.write_atomic), with an OS failure (a full disk, a read-only
-    directory) as one line naming the option; what was at path stays."""
+    directory) as one line naming the option; what was at path stays. announce=False leaves the "wrote PATH" line
+    to the caller (export says the verdict first, then what it wrote)."""
     from ..outputs import write_atomic
 
     try:
         write_atomic(path, write)
     except OSError as e:
         raise OptionError(f"{option} {path}: cannot write ({e.strerror or e}); choose another path") from None
-    say(err, f"wrote {path}")
+    if announce:
+        say(err, f"wrote {path}")
 
 
 def finite_floats(command):

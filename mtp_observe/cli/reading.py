@@ -174,11 +174,13 @@ def export(
         raise typer.Exit(code=plan.exit_code)
     text = render(reading, engine, k, tree)  # a refusal of the options is its one line, before the verdict's
     if output is not None:  # written first: a write the OS refuses is the failure's one line
-        write_output(output, "--output", lambda p: p.write_text(text, encoding="utf-8"))
-    for line in ([chosen] if chosen else []) + list(plan.lines):
+        write_output(output, "--output", lambda p: p.write_text(text, encoding="utf-8"), announce=False)
+    for line in ([chosen] if chosen else []) + list(plan.lines):  # the verdict first, as every output says it
         say(err, line)
     if output is None:
         sys.stdout.write(text)
+    else:
+        say(err, f"wrote {output}")
 
 
 def compare(
