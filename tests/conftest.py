@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
 from mtp_observe.synthetic import SyntheticSpec, write_synthetic_checkpoint
+
+from .forkserver import ForkServer, forkable, run_forked
 
 
 def _shared() -> Path | None:
@@ -28,6 +32,35 @@ SESSIONS_PUBLIC = SHARED / "sessions-public" if SHARED else None
 torch.set_num_threads(1)
 
 _checkpoints: dict[str, Path] = {}
+
+# pytest-xdist gives its workers COLUMNS and LINES (the controller's terminal, 80x24 without one); a CLI call that
+# passes os.environ on would then print at 80 columns where the same test run in one process prints at the
+# default width. The tests that care about the width set COLUMNS themselves.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
+# `python -m mtp_observe ...` through subprocess.run is forked from a warm interpreter (tests/forkserver.py says
+# which calls, and why the child cannot tell); MTP_OBSERVE_TEST_FORK=0 spawns every one.
+_spawn = subprocess.run
+_server: ForkServer | None = None
+
+
+def _run(args, *positional, **kwargs):
+    global _server
+    if positional or not forkable(args, kwargs):
+        return _spawn(args, *positional, **kwargs)
+    if _server is None:
+        _server = ForkServer(tempfile.mkdtemp(prefix="mtp-fork-"))
+    return run_forked(_server, args, **kwargs)
+
+
+subprocess.run = _run
+
+
+def pytest_unconfigure(config):
+    if _server is not None:
+        _server.close()
 
 
 @pytest.fixture(scope="session")
