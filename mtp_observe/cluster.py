@@ -243,12 +243,7 @@ class Cluster:
     def close(self) -> None:
         import ray
 
-        for slot in self._slots:
-            try:
-                ray.kill(slot.actor)
-            except Exception:
-                pass
-        self._slots = []
+        self.close_replicas()
         if self.started and ray.is_initialized():
             ray.shutdown()
 

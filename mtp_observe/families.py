@@ -523,12 +523,8 @@ def _check_layers(cfg: _Config) -> None:
     cfg.int("linear_conv_kernel_dim", 1, 64, required=False)
 
 
-def _geometry(family: Family, text_config: dict, where: Path) -> HeadGeometry:
-    if family.head == "nextn":
-        return _nextn_geometry(family, text_config, where)
-    cfg = _Config(text_config, where / "config.json", "text_config." if family.layout == "vlm" else "")
-    H = cfg.int("hidden_size", 1, MAX_HIDDEN)
-    nh = cfg.int("num_attention_heads", 1, MAX_HEADS)
+def _kv_heads_and_head_dim(cfg: _Config, H: int, nh: int) -> tuple[int, int]:
+    """(num_key_value_heads, head_dim) of a grouped-query attention; head_dim defaults to hidden_size / heads."""
     nkv = cfg.int("num_key_value_heads", 1, MAX_HEADS)
     if nh % nkv:
         raise cfg.fail("num_key_value_heads", f"({nkv}) does not divide num_attention_heads ({nh})")
@@ -537,6 +533,16 @@ def _geometry(family: Family, text_config: dict, where: Path) -> HeadGeometry:
         if H % nh:
             raise cfg.fail("head_dim", f"is absent and hidden_size ({H}) is not a multiple of num_attention_heads ({nh})")
         d = H // nh
+    return nkv, d
+
+
+def _geometry(family: Family, text_config: dict, where: Path) -> HeadGeometry:
+    if family.head == "nextn":
+        return _nextn_geometry(family, text_config, where)
+    cfg = _Config(text_config, where / "config.json", "text_config." if family.layout == "vlm" else "")
+    H = cfg.int("hidden_size", 1, MAX_HIDDEN)
+    nh = cfg.int("num_attention_heads", 1, MAX_HEADS)
+    nkv, d = _kv_heads_and_head_dim(cfg, H, nh)
     vocab = cfg.int("vocab_size", 1, MAX_VOCAB)
     eps = cfg.number("rms_norm_eps", default=1e-6, below=1.0)
     act = text_config.get("hidden_act", "silu")
@@ -647,14 +653,7 @@ def _nextn_geometry(family: Family, text_config: dict, where: Path) -> HeadGeome
             raise cfg.fail("partial_rotary_factor", "is set; DeepSeek rotates the whole qk_rope_head_dim")
         return HeadGeometry(num_kv_heads=nh, head_dim=mla.qk_head_dim, rope_theta=theta, rotary_dim=rotary_dim, rope=scaling,
                             attention="mla", qk_norm=False, rotary_interleaved=True, mla=mla, **common)
-    nkv = cfg.int("num_key_value_heads", 1, MAX_HEADS)
-    if nh % nkv:
-        raise cfg.fail("num_key_value_heads", f"({nkv}) does not divide num_attention_heads ({nh})")
-    d = cfg.int("head_dim", 1, MAX_HEAD_DIM, required=False)
-    if d is None:
-        if H % nh:
-            raise cfg.fail("head_dim", f"is absent and hidden_size ({H}) is not a multiple of num_attention_heads ({nh})")
-        d = H // nh
+    nkv, d = _kv_heads_and_head_dim(cfg, H, nh)
     theta, rotary_dim, scaling = _rope(cfg, d, partial=0.5)
     return HeadGeometry(num_kv_heads=nkv, head_dim=d, rope_theta=theta, rotary_dim=rotary_dim, rope=scaling, attention="gqa",
                         attention_bias=cfg.bool("attention_bias", False), qk_norm=cfg.bool("use_qk_norm", False), **common)
