@@ -14,7 +14,7 @@ and bfloat16 (the target and the head both, as a bf16 engine runs them; CPU), an
     per K (engine-counted, over the steps of the simulated decode, as vLLM counts):
         mean acceptance length and per-position acceptance of each run, and their differences
 
-The figure mtp_observe/engines.py keeps as BF16_DRAFT_FLIP_SHARE is `drafts_flipped` of the bundled model on
+The figure mtp_observe/engine_check.py keeps as BF16_DRAFT_FLIP_SHARE is `drafts_flipped` of the bundled model on
 the demo sessions (the defaults here).
 """
 

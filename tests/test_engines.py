@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import yaml
 
-from mtp_observe.engines import ENGINES, check, engine_numbers, export, read_engine_metrics
+from mtp_observe.engine_check import check
+from mtp_observe.engines import ENGINES, engine_numbers, export, read_engine_metrics
 from mtp_observe.errors import EngineMetricsError
 from mtp_observe.metrics import visited_anchors_reference
 from mtp_observe.report import read_and_summarize, report_json

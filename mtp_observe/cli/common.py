@@ -68,7 +68,7 @@ def _root(
 OnError = Literal["fail", "skip"]
 ShardBy = Literal["id", "tokens"]
 ReportFormat = Literal["table", "markdown", "json"]
-Traffic = Literal["same", "other"]  # compare --traffic (engines.TRAFFIC)
+Traffic = Literal["same", "other"]  # compare --traffic (engine_check.TRAFFIC)
 Dtype = Literal["auto", "float32", "bfloat16"]
 DEVICE_METAVAR = "<auto|cpu|cuda|cuda:N>"  # cuda:N is open-ended, so not a Choice; pipeline.resolve_device checks it
 

@@ -210,7 +210,8 @@ def compare(
 ) -> None:
     """The engine's own acceptance counters against the run: exit 0 when they agree, 1 when not. It opens with the
     run's verdict, judged with the options that shape it (as report's)."""
-    from ..engines import check, read_engine_metrics
+    from ..engine_check import check
+    from ..engines import read_engine_metrics
     from ..errors import EngineMetricsError
     from ..report import parse_gate, read_and_summarize
 
