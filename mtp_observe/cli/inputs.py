@@ -99,10 +99,9 @@ def sessions(
     if len(skipped) > 20:
         say(err, f"... and {len(skipped) - 20} more skipped")
     replay_estimate, generate_estimate = survey_estimates(model_dir, work[0], turns, device, estimate, template=overrides)
-    import shutil
     import textwrap
 
-    width = max(shutil.get_terminal_size().columns, 40)  # wrapped to the terminal, as the table above: nothing cut
+    width = max(out.width, 40)  # the console's width, which the table above was drawn to: nothing cut
     for line in (estimate_line(replay_estimate, "replay (--k 4)"), estimate_line(generate_estimate, "generate (--batch-size 8)")):
         for part in textwrap.wrap(line, width=width, subsequent_indent="  ", break_on_hyphens=False):
             say(out, part)
