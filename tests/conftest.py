@@ -8,7 +8,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import torch
+
+# Every interpreter the suite starts (tests/forkserver.py's server, whose forks run most CLI calls, and the spawned
+# ones) runs torch with one thread, as this process does below: each inherits the environment, and a child left at
+# one thread per core spins its OpenMP threads against the other xdist worker. setdefault: a developer can raise it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402  (after OMP_NUM_THREADS: torch reads it when it starts its thread pool)
 
 from mtp_observe.synthetic import SyntheticSpec, write_synthetic_checkpoint
 
