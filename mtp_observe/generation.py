@@ -459,7 +459,8 @@ class Observer:
     """Progress callbacks; the CLI draws a progress line from them. The default does nothing."""
 
     def estimate(self, estimate) -> None:
-        """The work ahead (estimate.Estimate), before the first turn; said as generate's first line."""
+        """The work ahead (estimate.Estimate), before the first turn; said as generate's first line. Not made for an
+        observer that does not override this (its calibration costs seconds)."""
 
     def start(self, turns: int) -> None: ...
 
@@ -758,7 +759,8 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
             raise OptionError(f"{out.partial if out.partial.exists() else output}: holds {len(foreign)} session(s) these "
                               f"inputs do not (e.g. {foreign[0]}); resume with the inputs it was generated from (more may "
                               "be added), or choose another -o")
-        observer.estimate(_estimate(model, settings, opts, shapes))
+        if type(observer).estimate is not Observer.estimate:  # the default drops it: no calibration for it
+            observer.estimate(_estimate(model, settings, opts, shapes))
         observer.start(sum(len(turns) for turns in shapes))
 
         counts = {"sessions": 0, "turns": 0, "tokens": 0, "prompt_tokens": 0, "dropped": 0}
