@@ -136,6 +136,31 @@ def test_a_replay_reports_every_request_chunk_and_reused_prefix_and_they_add_up_
     assert 0 < lo < hi
 
 
+def test_a_caller_whose_observer_drops_the_estimate_pays_no_calibration(tiny_checkpoint, tmp_path, monkeypatch):
+    """The default Observer (a library caller's) is given no estimate, so the model is not calibrated for it; an
+    observer that takes the estimate (above) is."""
+    import mtp_observe.estimate as estimate
+    from mtp_observe.generation import GenerateOptions, generate
+
+    from .test_replay import SESSION, write_sessions
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("calibrated for an observer that drops the estimate")
+
+    monkeypatch.setattr(estimate, "_calibrate_replay", refuse)
+    monkeypatch.setattr(estimate, "_calibrate_generate", refuse)
+    sessions = write_sessions(tmp_path / "s.jsonl", [SESSION])
+    replay([sessions], tiny_checkpoint, tmp_path / "run", ReplayOptions(k=2, device="cpu"))
+    generate([sessions], tiny_checkpoint, tmp_path / "own.jsonl", GenerateOptions(max_new_tokens=2, device="cpu"))
+    rec = Recorder()
+    try:
+        replay([sessions], tiny_checkpoint, tmp_path / "again", ReplayOptions(k=2, device="cpu"), observer=rec)
+    except AssertionError as e:
+        assert "calibrated for an observer" in str(e)  # this one takes the estimate: it is calibrated
+    else:
+        raise AssertionError("an observer that takes the estimate was not calibrated for")
+
+
 def number(text: str) -> float:
     """'1.2k' -> 1200.0 (progress._short's notation)."""
     scale = {"k": 1e3, "M": 1e6, "G": 1e9}.get(text[-1], 1)
