@@ -11,7 +11,8 @@ files, passed over a Unix socket), signal dispositions and atexit handlers; it t
 
 Only calls that could not tell the difference go through it (`forkable`): `[sys.executable, "-m",
 "mtp_observe", ...]` through `subprocess.run` with no timeout and no environment variable that the pre-imported
-libraries read when imported (HF_*, TRANSFORMERS_*, TORCH*, OMP_*, PYTHON*, ...); `--ray` runs are spawned.
+libraries read when imported (HF_*, TRANSFORMERS_*, TORCH*, OMP_*, PYTHON*, ...; SUITE_ENV's may be left out);
+`--ray` runs are spawned.
 Everything else — Popen (the signal and kill tests), `-c` programs (the "imports no torch" checks), the
 console script through a shell — is spawned as before. MTP_OBSERVE_TEST_FORK=0 spawns everything.
 """
@@ -37,8 +38,21 @@ PRELOAD = ("torch", "torch._dynamo", "numpy", "jinja2", "rich", "typer", "safete
                                                                 "glm4_moe")))
 
 
-def _import_env(env: dict) -> dict:
-    return {k: v for k, v in env.items() if k.upper().startswith(IMPORT_TIME_ENV)}
+# Set by the suite and its libraries, not by a test: conftest's OMP_NUM_THREADS=1, pytest-xdist's PYTHONPATH (its
+# rootdir, where mtp_observe is imported from anyway) and the TORCHINDUCTOR_CACHE_DIR that torch._inductor puts
+# in os.environ once some test imports it. A call whose env leaves one out (env={"COLUMNS": ..., "PATH": ""}) is
+# compared as if it held the suite's value: it is forked, and runs with the suite's one thread (a spawned child
+# would start two) importing the same files. A call that sets one to another value is spawned.
+SUITE_ENV = ("OMP_NUM_THREADS", "PYTHONPATH", "TORCHINDUCTOR_CACHE_DIR")
+
+
+def _import_env(env: dict, suite: dict | None = None) -> dict:
+    """env's import-time variables; with `suite` (os.environ), those of SUITE_ENV that env leaves out taken from it."""
+    out = {k: v for k, v in env.items() if k.upper().startswith(IMPORT_TIME_ENV)}
+    for k in SUITE_ENV if suite is not None else ():
+        if k not in env and k in suite:
+            out[k] = suite[k]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,7 +215,7 @@ def forkable(args, kwargs: dict) -> bool:
                                                    "stdout", "stderr", "encoding", "universal_newlines", "stdin"}:
         return False
     env = kwargs.get("env")
-    if env is not None and _import_env({k: str(v) for k, v in env.items()}) != _import_env(dict(os.environ)):
+    if env is not None and _import_env({k: str(v) for k, v in env.items()}, dict(os.environ)) != _import_env(dict(os.environ)):
         return False
     for stream in ("stdout", "stderr", "stdin"):  # only pipes, files and the defaults
         value = kwargs.get(stream)
