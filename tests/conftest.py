@@ -64,6 +64,31 @@ def _run(args, *positional, **kwargs):
 subprocess.run = _run
 
 
+# What a test or a test module's import puts in os.environ is taken out after it: the CLI run in this process
+# (tests/fuzzing.run_cli) sets TRANSFORMERS_VERBOSITY, scripts/train_default_model.py (imported by
+# test_default_model) HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE. Left there, they reach every later test of the
+# worker, and each CLI call given its own env= then differs from the fork server's (tests/forkserver.forkable)
+# and is spawned: seconds each.
+_SUITE_ENVIRON = dict(os.environ)
+
+
+def _restore_environ(saved: dict) -> None:
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def pytest_collection_finish(session):
+    _restore_environ(_SUITE_ENVIRON)
+
+
+@pytest.fixture(autouse=True)
+def _environ_restored():
+    saved = dict(os.environ)
+    yield
+    _restore_environ(saved)
+
+
 def pytest_unconfigure(config):
     if _server is not None:
         _server.close()

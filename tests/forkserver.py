@@ -46,9 +46,26 @@ PRELOAD = ("torch", "torch._dynamo", "numpy", "jinja2", "rich", "typer", "safete
 SUITE_ENV = ("OMP_NUM_THREADS", "PYTHONPATH", "TORCHINDUCTOR_CACHE_DIR")
 
 
+def _harmless_pythonpath(value: str | None) -> bool:
+    """A PYTHONPATH the forked child can take as the interpreter would (its entries put after sys.path[0]): every
+    entry a directory holding none of the preloaded libraries, which the server imported already (the tests'
+    PYTHONPATH=the checkout, so that `python -m mtp_observe` runs from any working directory)."""
+    if not value:
+        return True
+    tops = {name.split(".")[0] for name in PRELOAD}
+    entries = [e for e in value.split(os.pathsep) if e]
+    return all(os.path.isdir(e) and not any(os.path.exists(os.path.join(e, t)) or os.path.exists(os.path.join(e, t + ".py"))
+                                            for t in tops) for e in entries)
+
+
 def _import_env(env: dict, suite: dict | None = None) -> dict:
-    """env's import-time variables; with `suite` (os.environ), those of SUITE_ENV that env leaves out taken from it."""
+    """env's import-time variables; with `suite` (os.environ): a harmless PYTHONPATH, and those of SUITE_ENV that env
+    leaves out, taken as suite's."""
     out = {k: v for k, v in env.items() if k.upper().startswith(IMPORT_TIME_ENV)}
+    if suite is not None and _harmless_pythonpath(env.get("PYTHONPATH")):  # the child takes it (_run_command)
+        out.pop("PYTHONPATH", None)
+        if "PYTHONPATH" in suite:
+            out["PYTHONPATH"] = suite["PYTHONPATH"]
     for k in SUITE_ENV if suite is not None else ():
         if k not in env and k in suite:
             out[k] = suite[k]
@@ -126,6 +143,8 @@ def _run_command(request: dict, fds: list[int]) -> None:
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     sys.path[0] = os.getcwd()  # `python -m` puts the working directory first (the server's was its script's)
+    extra = [e for e in request["env"].get("PYTHONPATH", "").split(os.pathsep) if e and e not in sys.path]
+    sys.path[1:1] = [os.path.abspath(e) for e in extra]  # then PYTHONPATH's entries (forkable: none shadows a preload)
     import io
 
     unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))  # as the interpreter reads it at start
