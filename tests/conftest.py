@@ -64,18 +64,22 @@ def _run(args, *positional, **kwargs):
 subprocess.run = _run
 
 
-# What a test or a test module's import puts in os.environ is taken out after it: the CLI run in this process
-# (tests/fuzzing.run_cli) sets TRANSFORMERS_VERBOSITY, scripts/train_default_model.py (imported by
-# test_default_model) HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE. Left there, they reach every later test of the
-# worker, and each CLI call given its own env= then differs from the fork server's (tests/forkserver.forkable)
-# and is spawned: seconds each.
+# Every test starts from the suite's environment (this module's, as set above): what a test, a fixture of a wider
+# scope or a test module's import put in os.environ is taken out after each test (monkeypatch's own undo comes
+# first). The CLI run in this process (tests/fuzzing.run_cli) sets TRANSFORMERS_VERBOSITY, and
+# scripts/train_default_model.py (imported by test_default_model) HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE; left
+# there, they reached every later test of the worker, and each CLI call given its own env= then differed from the
+# fork server's (tests/forkserver.forkable) and was spawned: seconds each.
 _SUITE_ENVIRON = dict(os.environ)
 
 
 def _restore_environ(saved: dict) -> None:
-    if os.environ != saved:
-        os.environ.clear()
-        os.environ.update(saved)
+    """os.environ back to `saved`, but for pytest's own PYTEST_CURRENT_TEST (which pytest removes itself)."""
+    wanted = {**saved, **{k: v for k, v in os.environ.items() if k == "PYTEST_CURRENT_TEST"}}
+    if os.environ != wanted:
+        for k in set(os.environ) - set(wanted):
+            del os.environ[k]
+        os.environ.update(wanted)
 
 
 def pytest_collection_finish(session):
@@ -84,9 +88,8 @@ def pytest_collection_finish(session):
 
 @pytest.fixture(autouse=True)
 def _environ_restored():
-    saved = dict(os.environ)
     yield
-    _restore_environ(saved)
+    _restore_environ(_SUITE_ENVIRON)
 
 
 def pytest_unconfigure(config):

@@ -75,14 +75,25 @@ def v2_speculator(context: list[int], k: int, lo: int, hi: int, max_model_len: i
     return out
 
 
+def match_starts(context: np.ndarray, n: int) -> np.ndarray:
+    """Every start j of an n-gram ending by N-2 (j + n <= N - 1) equal to the context's last n tokens, ascending:
+    the windows of context[:N-1] compared with the suffix, one token at a time on the starts still matching (the
+    same brute-force scan as comparing every window whole, without an [N, n] array per call)."""
+    N = len(context)
+    suffix = context[N - n:]
+    starts = np.flatnonzero(context[: N - n] == suffix[0])
+    for i in range(1, n):
+        starts = starts[context[starts + i] == suffix[i]]
+    return starts
+
+
 def fast_plain_ngram(context: np.ndarray, k: int, lo: int, hi: int) -> list[int]:
     """plain_ngram with the scan of each n done by numpy (the same rule, for long real contexts)."""
     N = len(context)
     if N < lo:
         return []
     for n in range(min(hi, N - 1), lo - 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(context[: N - 1], n)  # those ending by N-2
-        hits = np.flatnonzero((windows == context[N - n:]).all(axis=1))
+        hits = match_starts(context, n)
         if hits.size:
             j = int(hits[0])
             return context[j + n: j + n + k].tolist()
@@ -148,8 +159,7 @@ def fast_v2_speculator(context: np.ndarray, k: int, lo: int, hi: int) -> list[in
     start = None
     if N >= lo:
         for n in range(min(hi, N - 1), lo - 1, -1):
-            windows = np.lib.stride_tricks.sliding_window_view(context[: N - 1], n)  # starts pos <= N - n - 1
-            hits = np.flatnonzero((windows == context[N - n:]).all(axis=1))
+            hits = match_starts(context, n)  # starts pos <= N - n - 1
             if hits.size:
                 start = int(hits[-1]) + n
                 break
