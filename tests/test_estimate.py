@@ -344,10 +344,10 @@ def _slow_generate(tmp_path, seconds: float, *args):
 
 
 def test_through_a_pipe_generate_prints_a_line_every_n_seconds_inside_a_long_prefill(tiny_checkpoint, tmp_path):
-    """Each prefill chunk (64 tokens) takes 0.5 s and lines are due every 0.1 s: lines come while a chunk runs
+    """Each prefill chunk (64 tokens) takes 0.25 s and lines are due every 0.05 s: lines come while a chunk runs
     (several with the same prompt tokens), the prompt tokens move chunk by chunk, and the last line counts every
     prompt token prefilled and every token generated, as the summary does."""
-    argv, out = _slow_generate(tmp_path, 0.5, "--model", tiny_checkpoint, "--progress-every", 0.1)
+    argv, out = _slow_generate(tmp_path, 0.25, "--model", tiny_checkpoint, "--progress-every", 0.05)
     started = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr

@@ -213,8 +213,8 @@ def test_the_quickstart_commands_run_as_written(tmp_path):
     [run] = list((tmp_path / "reports").iterdir())
     places = {str(ROOT / "mtp_observe" / "default_model"): "MODEL", str(tmp_path): "TMP"}
     for fmt in ("json", "table", "markdown"):
-        r = subprocess.run(["mtp-observe", "report", str(run), "--format", fmt], cwd=tmp_path, capture_output=True,
-                           text=True, env={**env, "COLUMNS": "100"})
+        r = subprocess.run([sys.executable, "-m", "mtp_observe", "report", str(run), "--format", fmt], cwd=tmp_path,
+                           capture_output=True, text=True, env={**env, "COLUMNS": "100"})  # the console script ran above
         assert r.returncode == 0, r.stderr
         check_golden(f"demo_report.{fmt}", normalise(r.stdout, places))
     first_screen_matches_the_readme()

@@ -747,12 +747,11 @@ def test_on_a_long_on_policy_run_of_a_tiny_model_tau_and_tau_sim_agree_within_2_
     model_dir = make_checkpoint(vocab_size=8, tokenizer_vocab=300, shards=1)
     model = load_model(model_dir)
     gen = torch.Generator().manual_seed(0)
-    records = []
-    for i in range(2):
-        prompt = torch.randint(0, 8, (20,), generator=gen)
-        with torch.no_grad():
-            out = model.target.generate(prompt[None], max_new_tokens=1500, do_sample=False, eos_token_id=None, pad_token_id=0)
-        records.append({"id": f"g{i}", "prompt_token_ids": prompt.tolist(), "completion_token_ids": out[0, 20:].tolist()})
+    prompts = torch.randint(0, 8, (2, 20), generator=gen)  # two prompts of 20 tokens, generated side by side
+    with torch.no_grad():
+        out = model.target.generate(prompts, max_new_tokens=1500, do_sample=False, eos_token_id=None, pad_token_id=0)
+    records = [{"id": f"g{i}", "prompt_token_ids": prompts[i].tolist(), "completion_token_ids": out[i, 20:].tolist()}
+               for i in range(2)]
     path = tmp_path / "generated.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     run = load_run(replay([path], model_dir, tmp_path / "run", ReplayOptions(k=4, device="cpu")))
