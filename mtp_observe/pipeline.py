@@ -150,18 +150,13 @@ class ReplayOptions:
     draft_p_min: tuple = ()  # --draft-p-min: thresholds in [0, 1] for the confidence-stopped what-if (the report's)
 
 
-def wants_estimate(observer, base: type) -> bool:
-    """Whether `observer` takes the estimate: its class overrides `base.estimate` (the default drops it)."""
-    return type(observer).estimate is not base.estimate
-
-
 class Observer:
     """Progress callbacks; the CLI draws a progress bar from them. The default does nothing."""
 
     def estimate(self, estimate) -> None:
         """The work ahead (estimate.Estimate), before the first session; said as the replay's first line. An
         observer that does not override this is not given one: the estimate's calibration (about 2 s on the model)
-        is skipped for a caller that would drop it (wants_estimate)."""
+        is skipped for a caller that would drop it (generation.Observer does the same)."""
 
     def start(self, sessions: int, tokens: int | None = None) -> None:
         """The sessions this process will handle (and, when known up front — a Ray job renders them first — their
@@ -922,8 +917,9 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
     def owns_index(index: int) -> bool:
         return ranks.owns(index) and (mine is None or index in mine)
 
-    if ranks.rank == 0 and wants_estimate(observer, Observer):  # the first line: the work ahead (this rank's share
-        # under torchrun), priced on this model
+    # The first line: the work ahead (this rank's share under torchrun), priced on this model; none for an observer
+    # that drops it (the default: no calibration for it).
+    if ranks.rank == 0 and type(observer).estimate is not Observer.estimate:
         observer.estimate(_estimate(files, opts, model, renderer, owns_index, fallback, roster, finished))
     observer.start(len([i for i in (plan.indices if plan is not None else range(total)) if ranks.owns(i)]))
     started, fresh_tokens = time.time(), 0

@@ -73,9 +73,9 @@ subprocess.run = _run
 _SUITE_ENVIRON = dict(os.environ)
 
 
-def _restore_environ(saved: dict) -> None:
-    """os.environ back to `saved`, but for pytest's own PYTEST_CURRENT_TEST (which pytest removes itself)."""
-    wanted = {**saved, **{k: v for k, v in os.environ.items() if k == "PYTEST_CURRENT_TEST"}}
+def _restore_environ() -> None:
+    """os.environ back to the suite's, but for pytest's own PYTEST_CURRENT_TEST (which pytest removes itself)."""
+    wanted = {**_SUITE_ENVIRON, **{k: v for k, v in os.environ.items() if k == "PYTEST_CURRENT_TEST"}}
     if os.environ != wanted:
         for k in set(os.environ) - set(wanted):
             del os.environ[k]
@@ -83,13 +83,13 @@ def _restore_environ(saved: dict) -> None:
 
 
 def pytest_collection_finish(session):
-    _restore_environ(_SUITE_ENVIRON)
+    _restore_environ()
 
 
 @pytest.fixture(autouse=True)
 def _environ_restored():
     yield
-    _restore_environ(_SUITE_ENVIRON)
+    _restore_environ()
 
 
 def pytest_unconfigure(config):

@@ -64,11 +64,9 @@ def _harmless_pythonpath(value: str | None) -> bool:
 def _import_env(env: dict, suite: dict | None = None) -> dict:
     """env's import-time variables; with `suite` (os.environ): a harmless PYTHONPATH, and those of SUITE_ENV that env
     leaves out, taken as suite's."""
+    if suite is not None and _harmless_pythonpath(env.get("PYTHONPATH")):  # the child puts it on sys.path itself
+        env = {k: v for k, v in env.items() if k != "PYTHONPATH"}  # (_run_command): as if left out
     out = {k: v for k, v in env.items() if k.upper().startswith(IMPORT_TIME_ENV)}
-    if suite is not None and _harmless_pythonpath(env.get("PYTHONPATH")):  # the child takes it (_run_command)
-        out.pop("PYTHONPATH", None)
-        if "PYTHONPATH" in suite:
-            out["PYTHONPATH"] = suite["PYTHONPATH"]
     for k in SUITE_ENV if suite is not None else ():
         if k not in env and k in suite:
             out[k] = suite[k]
@@ -146,8 +144,8 @@ def _run_command(request: dict, fds: list[int]) -> None:
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     sys.path[0] = os.getcwd()  # `python -m` puts the working directory first (the server's was its script's)
-    extra = [e for e in request["env"].get("PYTHONPATH", "").split(os.pathsep) if e and e not in sys.path]
-    sys.path[1:1] = [os.path.abspath(e) for e in extra]  # then PYTHONPATH's entries (forkable: none shadows a preload)
+    extra = [os.path.abspath(e) for e in request["env"].get("PYTHONPATH", "").split(os.pathsep) if e]
+    sys.path[1:1] = [e for e in extra if e not in sys.path]  # then PYTHONPATH's entries (forkable: none shadows a preload)
     import io
 
     unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))  # as the interpreter reads it at start
