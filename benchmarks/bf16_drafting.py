@@ -14,7 +14,7 @@ and bfloat16 (the target and the head both, as a bf16 engine runs them; CPU), an
     per K (engine-counted, over the steps of the simulated decode, as vLLM counts):
         mean acceptance length and per-position acceptance of each run, and their differences
 
-The figure mtp_observe/engine_check.py keeps as BF16_DRAFT_FLIP_SHARE is `drafts_flipped` of the bundled model on
+The figure mtp_observe/engines/check.py keeps as BF16_DRAFT_FLIP_SHARE is `drafts_flipped` of the bundled model on
 the demo sessions (the defaults here).
 """
 
@@ -32,9 +32,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mtp_observe.engines import engine_numbers  # noqa: E402
-from mtp_observe.pipeline import ReplayOptions, default_model_dir, replay  # noqa: E402
+from mtp_observe.engines.exports import engine_numbers  # noqa: E402
 from mtp_observe.report import load_run, resolve_cost, summarize  # noqa: E402
+from mtp_observe.run.pipeline import ReplayOptions, default_model_dir, replay  # noqa: E402
 
 
 def rows(run: Path):

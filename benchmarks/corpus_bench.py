@@ -30,10 +30,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
-    from mtp_observe.importers import import_files
-    from mtp_observe.pipeline import default_model_dir
-    from mtp_observe.rendering import Renderer
-    from mtp_observe.sessions import read_sessions
+    from mtp_observe.run.pipeline import default_model_dir
+    from mtp_observe.sessions.importers import import_files
+    from mtp_observe.sessions.reading import read_sessions
+    from mtp_observe.sessions.rendering import Renderer
     from tests import log_samples
     from tests.conftest import SESSIONS_PUBLIC
 

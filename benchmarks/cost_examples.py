@@ -29,7 +29,7 @@ import argparse
 
 import numpy as np
 
-from mtp_observe.cost import (
+from mtp_observe.cost.roofline import (
     DEFAULT_BATCHES,
     batch_speedup,
     best_k,

@@ -8,7 +8,7 @@ drafter run over every request in input order, at every anchor, as the pipeline 
 (requests of a session share prefixes; the suffix drafter gets `keep`, the prefix the next request
 shares, as pipeline.replay_session computes it). Each drafter runs in its own process, started
 after rendering, so its peak resident memory is its own: the OS's peak for that process
-(mtp_observe.memory: `os.wait4`), beside the same process doing nothing but load the tokens ("load").
+(mtp_observe.run.memory: `os.wait4`), beside the same process doing nothing but load the tokens ("load").
 
     load             load the rendered tokens (the baseline every other line includes)
     ngram            vLLM's prompt lookup, 5,5 (vLLM's defaults), at K, as vLLM 0.33's default V2 runner proposes it
@@ -43,7 +43,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mtp_observe.memory import run_measured  # noqa: E402  (imports nothing heavy)
+from mtp_observe.run.memory import run_measured  # noqa: E402  (imports nothing heavy)
 
 DRAFTERS = ("load", "ngram", "ngram-v1", "suffix", "suffix-by-k", "suffix-no-keep", "suffix-outputs")
 
@@ -58,9 +58,9 @@ def public_files() -> list[Path]:
 
 def render(files, out: Path) -> dict:
     """Sessions -> out (.npz): tokens of every request, their spans, the prefix each shares with the next."""
-    from mtp_observe.pipeline import default_model_dir, shared_prefix
-    from mtp_observe.rendering import Renderer
-    from mtp_observe.sessions import read_sessions
+    from mtp_observe.run.pipeline import default_model_dir, shared_prefix
+    from mtp_observe.sessions.reading import read_sessions
+    from mtp_observe.sessions.rendering import Renderer
 
     renderer = Renderer.from_model_dir(default_model_dir())
     tokens, offsets, spans, span_request, keep, sessions = [], [0], [], [], [], 0
@@ -104,8 +104,8 @@ class Tally:
     def add(self, tokens, spans, drafts_by_k) -> None:
         """drafts_by_k(K') -> [A, K'] proposals drafted at K' (the first K' columns of one draft when
         the drafter's drafts are prefixes of each other)."""
-        from mtp_observe.drafters import accepted_length, anchors, span_ends
-        from mtp_observe.metrics import decode_walk, simulate_decode
+        from mtp_observe.drafting.drafters import accepted_length, anchors, span_ends
+        from mtp_observe.report.metrics import decode_walk, simulate_decode
 
         anchor, ends = anchors(spans), span_ends(spans)
         span_len = spans[:, 1] - np.maximum(spans[:, 0], 1)
@@ -133,8 +133,8 @@ class Tally:
 
 def worker(name: str, data_path: Path, k: int) -> dict:
     """One drafter over every request; prints nothing, returns its figures."""
-    from mtp_observe.drafters.ngram import NgramDrafter
-    from mtp_observe.drafters.suffix import SuffixDecoding
+    from mtp_observe.drafting.drafters.ngram import NgramDrafter
+    from mtp_observe.drafting.drafters.suffix import SuffixDecoding
 
     data = np.load(data_path)
     data = {key: data[key] for key in data.files}
@@ -151,7 +151,7 @@ def worker(name: str, data_path: Path, k: int) -> dict:
     start = time.perf_counter()
     drafting = 0.0
     if name.startswith("ngram"):
-        from mtp_observe.drafters.ngram import NgramConfig
+        from mtp_observe.drafting.drafters.ngram import NgramConfig
 
         drafter = NgramDrafter(NgramConfig(runner="v1" if name == "ngram-v1" else "v2"))
         for tokens, spans, _ in requests_of(data):

@@ -43,7 +43,7 @@ class Watch:
     """A replay observer that feeds a ProgressCounter and reads its ETA every `every` seconds on a timer."""
 
     def __init__(self, every: float):
-        from mtp_observe.progress import ProgressCounter
+        from mtp_observe.run.progress import ProgressCounter
 
         self.counter = ProgressCounter()
         self.every = every
@@ -83,7 +83,7 @@ def eta_figures(readings, wall: float) -> dict:
 
 
 def row(name: str, estimate, wall: float, extra: dict | None = None) -> dict:
-    from mtp_observe.estimate import estimate_line, work_fields
+    from mtp_observe.run.estimate import estimate_line, work_fields
 
     lo, hi = estimate.seconds
     point = estimate.point_s
@@ -95,7 +95,7 @@ def row(name: str, estimate, wall: float, extra: dict | None = None) -> dict:
 
 
 def replay_row(name: str, files, every: float) -> dict:
-    from mtp_observe.pipeline import ReplayOptions, default_model_dir, replay, replay_estimate
+    from mtp_observe.run.pipeline import ReplayOptions, default_model_dir, replay, replay_estimate
 
     opts = ReplayOptions(device="cpu")
     started = time.perf_counter()
@@ -111,8 +111,8 @@ def replay_row(name: str, files, every: float) -> dict:
 
 
 def generate_row(name: str, files) -> dict:
-    from mtp_observe.generation import GenerateOptions, generate, generate_estimate
-    from mtp_observe.pipeline import default_model_dir
+    from mtp_observe.run.generation import GenerateOptions, generate, generate_estimate
+    from mtp_observe.run.pipeline import default_model_dir
 
     opts = GenerateOptions(device="cpu")
     started = time.perf_counter()
@@ -127,7 +127,7 @@ def generate_row(name: str, files) -> dict:
 
 
 def corpus_sessions(folder: str, n: int, tmp: Path) -> Path:
-    from mtp_observe.importers import import_files
+    from mtp_observe.sessions.importers import import_files
     from tests.conftest import SESSIONS_PUBLIC
 
     if SESSIONS_PUBLIC is None:

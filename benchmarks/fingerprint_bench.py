@@ -49,7 +49,7 @@ def sparse_checkpoint(directory: Path, total_bytes: int, shards: int, tensors: i
 
 def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from mtp_observe.checkpoint import sampled_fingerprint_of_files, whole_fingerprint_of_files
+    from mtp_observe.model.checkpoint import sampled_fingerprint_of_files, whole_fingerprint_of_files
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=60.0)

@@ -20,7 +20,7 @@
    FLOPs / peak (2 x parameters x B, plus attention 4 x full layers x heads x head_dim x C x B). A prefill
    of P prompt tokens is compute-bound: 2 x parameters x P plus attention over half the context on average.
    Device numbers are arguments (default H200 SXM: 4,800 GB/s HBM, 989.4 BF16 dense TFLOP/s, as listed in
-   mtp_observe/cost.py's device table with its sources); this script keeps no device table of its own.
+   mtp_observe/cost/roofline.py's device table with its sources); this script keeps no device table of its own.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mtp_observe.generation import Settings, generate_batch, speculative_turn, turn_prompts  # noqa: E402
-from mtp_observe.pipeline import default_model_dir, load_model  # noqa: E402
-from mtp_observe.rendering import Renderer  # noqa: E402
-from mtp_observe.sessions import read_sessions  # noqa: E402
-from mtp_observe.target import BUILTIN_PROFILES  # noqa: E402
+from mtp_observe.model.target import BUILTIN_PROFILES  # noqa: E402
+from mtp_observe.run.generation import Settings, generate_batch, speculative_turn, turn_prompts  # noqa: E402
+from mtp_observe.run.pipeline import default_model_dir, load_model  # noqa: E402
+from mtp_observe.sessions.reading import read_sessions  # noqa: E402
+from mtp_observe.sessions.rendering import Renderer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = {p.name: p for p in BUILTIN_PROFILES}
@@ -85,12 +85,12 @@ def measure(args) -> list[dict]:
 def geometry(name: str) -> dict:
     """A text config: the bundled model's, or Qwen3.5-27B's widths (replay_bench.DIMS)."""
     if name == "bundled":
-        from mtp_observe.checkpoint import read_checkpoint
+        from mtp_observe.model.checkpoint import read_checkpoint
 
         return dict(read_checkpoint(default_model_dir()).text_config)
     from replay_bench import DIMS
 
-    from mtp_observe.synthetic import SyntheticSpec
+    from mtp_observe.model.synthetic import SyntheticSpec
 
     return SyntheticSpec(**DIMS[name], vocab_size=248320).text_config()
 

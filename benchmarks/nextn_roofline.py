@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from mtp_observe.cost import (
+from mtp_observe.cost.roofline import (
     DEFAULT_BATCHES,
     config_tensors,
     geometry_from_tensors,
@@ -37,7 +37,7 @@ from mtp_observe.cost import (
     replica_memory,
     roofline_times,
 )
-from mtp_observe.families import geometry_from_config
+from mtp_observe.model.families import geometry_from_config
 
 DEEPSEEK_V3 = dict(
     vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_hidden_layers=61,

@@ -38,8 +38,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtp_observe.memory import maxrss_bytes  # noqa: E402
-from mtp_observe.pipeline import (  # noqa: E402
+from mtp_observe.model.synthetic import SyntheticSpec, write_synthetic_checkpoint  # noqa: E402
+from mtp_observe.model.target import SamplingProfile, prefill  # noqa: E402
+from mtp_observe.run.memory import maxrss_bytes  # noqa: E402
+from mtp_observe.run.pipeline import (  # noqa: E402
     RECORDED,
     ReplayOptions,
     default_profiles,
@@ -50,10 +52,8 @@ from mtp_observe.pipeline import (  # noqa: E402
     resolve_dtype,
     shared_prefix,
 )
-from mtp_observe.rendering import Renderer  # noqa: E402
-from mtp_observe.sessions import read_sessions  # noqa: E402
-from mtp_observe.synthetic import SyntheticSpec, write_synthetic_checkpoint  # noqa: E402
-from mtp_observe.target import SamplingProfile, prefill  # noqa: E402
+from mtp_observe.sessions.reading import read_sessions  # noqa: E402
+from mtp_observe.sessions.rendering import Renderer  # noqa: E402
 
 DIMS = {
     # reduced width and depth, real vocabulary, the real 3:1 linear/full layer pattern

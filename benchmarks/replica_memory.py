@@ -17,7 +17,7 @@ tests/test_cost.py checks against real checkpoint headers —, summed as stored.
                  heads of 128 (the mlx-community Qwen3.5-397B-A17B profile in extract_weights.py; 396.3B text
                  parameters, the published 397B with the vision tower)
 
-What a replica holds (mtp_observe/checkpoint.py, target.py, mtp.py):
+What a replica holds (mtp_observe/model/checkpoint.py, target.py, mtp.py):
   weights   every parameter in bfloat16 (the GPU default). A block-FP8 release is dequantised to bfloat16 when it is
             loaded (checkpoint.dequantize_blockwise: replay computes the serving values, it runs no FP8 GEMMs), so the
             FP8 release needs the same memory as the BF16 one; what FP8 halves is the download and the disk
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cost_examples import COMMON, MODELS  # noqa: E402
 
-from mtp_observe.cost import config_tensors  # noqa: E402
+from mtp_observe.cost.roofline import config_tensors  # noqa: E402
 
 CONFIGS = {
     "Qwen3.5-27B": MODELS["27B dense"],

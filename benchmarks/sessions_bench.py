@@ -5,7 +5,7 @@
 Generates deterministic chat sessions (system prompt, tool schemas, tool calls with JSON
 arguments, multi-kilobyte tool results, reasoning on some turns) until the file reaches the
 requested size, writes a tiny synthetic checkpoint for its tokenizer and chat template, then
-runs the real CLI in a subprocess and reads its peak resident memory from the OS (mtp_observe.memory:
+runs the real CLI in a subprocess and reads its peak resident memory from the OS (mtp_observe.run.memory:
 wait4's high-water mark, not sampled). The point is that memory does not grow with the file: reading
 is streamed one session at a time.
 """
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mtp_observe.memory import run_measured
+from mtp_observe.run.memory import run_measured
 
 WORDS = "order refund flight booking status account the a to of and for with please check update cancel item price".split()
 
@@ -67,7 +67,7 @@ def main() -> None:
     t0 = time.time()
     n = generate(data, int(args.gb * 1e9))
     print(f"generated {n:,} sessions, {data.stat().st_size / 1e9:.2f} GB in {time.time() - t0:.0f} s")
-    from mtp_observe.synthetic import SyntheticSpec, write_synthetic_checkpoint
+    from mtp_observe.model.synthetic import SyntheticSpec, write_synthetic_checkpoint
 
     model = write_synthetic_checkpoint(work / "model", SyntheticSpec(shards=1))
     t0 = time.time()

@@ -6,7 +6,7 @@ the extra time goes, and the demo's table of configurations.
 
 Workload: the demo sessions (sessions/*.jsonl) on the bundled model, CPU, float32, unless --input says otherwise.
 
-1. End to end: `mtp-observe replay` twice in its own process (mtp_observe.memory.run_measured: the OS's own peak RSS
+1. End to end: `mtp-observe replay` twice in its own process (mtp_observe.run.memory.run_measured: the OS's own peak RSS
    and CPU time of the process, user + system), the chain alone and the chain with the trees.
 2. Where the time goes (CPU seconds of this process, time.process_time: robust to a shared machine's load),
    request by request, as pipeline.replay_request runs the stages: the
@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mtp_observe.memory import run_measured  # noqa: E402  (imports nothing heavy)
+from mtp_observe.run.memory import run_measured  # noqa: E402  (imports nothing heavy)
 
 DEFAULT_TREES = ("3,2,6", "3,4,8", "5,4,16")
 
@@ -62,13 +62,13 @@ def end_to_end(files, trees, k: int, max_sessions: int | None, work: Path) -> di
 def breakdown(files, trees, k: int, max_sessions: int | None) -> dict:
     import torch
 
-    from mtp_observe.acceptance import anchor_plan, row_index
-    from mtp_observe.pipeline import default_model_dir, default_profiles, load_model
-    from mtp_observe.rendering import Renderer
-    from mtp_observe.sessions import read_sessions
-    from mtp_observe.target import Turns, prefill, reduce_logits
-    from mtp_observe.tree import grow, parse_tree, select
-    from mtp_observe.tree_acceptance import recorded_walk, tree_rows
+    from mtp_observe.drafting.acceptance import anchor_plan, row_index
+    from mtp_observe.drafting.tree import grow, parse_tree, select
+    from mtp_observe.drafting.tree_acceptance import recorded_walk, tree_rows
+    from mtp_observe.model.target import Turns, prefill, reduce_logits
+    from mtp_observe.run.pipeline import default_model_dir, default_profiles, load_model
+    from mtp_observe.sessions.reading import read_sessions
+    from mtp_observe.sessions.rendering import Renderer
 
     model = load_model(default_model_dir())
     head, target = model.head, model.target
@@ -140,8 +140,8 @@ def breakdown(files, trees, k: int, max_sessions: int | None) -> dict:
 
 
 def demo_tables(run: Path) -> str:
-    from mtp_observe.presentation import markdown
     from mtp_observe.report import read_and_summarize
+    from mtp_observe.report.presentation import markdown
 
     report = read_and_summarize(run, replicates=1000).report
     text = markdown(report)

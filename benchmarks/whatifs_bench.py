@@ -30,7 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtp_observe.pipeline import (  # noqa: E402
+from mtp_observe.model.precisions import PRECISIONS, head_at, head_recipes  # noqa: E402
+from mtp_observe.run.pipeline import (  # noqa: E402
     RECORDED,
     HeadWhatIfs,
     ReplayOptions,
@@ -41,9 +42,8 @@ from mtp_observe.pipeline import (  # noqa: E402
     replay,
     replay_session,
 )
-from mtp_observe.precisions import PRECISIONS, head_at, head_recipes  # noqa: E402
-from mtp_observe.rendering import Renderer  # noqa: E402
-from mtp_observe.sessions import read_sessions  # noqa: E402
+from mtp_observe.sessions.reading import read_sessions  # noqa: E402
+from mtp_observe.sessions.rendering import Renderer  # noqa: E402
 
 
 def cpu() -> float:

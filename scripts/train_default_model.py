@@ -11,7 +11,7 @@ beside it. `--evaluate-only` runs only the evaluation. Everything is determinist
 `torch.use_deterministic_algorithms(True)`, a fixed thread count; nothing is downloaded.
 
 The head is trained as it is served (MTP_HEAD.md) because it *is* the served head: the
-training-time head is `mtp_observe.mtp.MtpHead` itself, with its Parameters switched to
+training-time head is `mtp_observe.model.mtp.MtpHead` itself, with its Parameters switched to
 requires_grad and its embedding / lm_head the target's own Parameters; the losses call its
 pieces (`fc_input`, `attention_inputs`, `_attend`, `finish_row`, `logits`).
 
@@ -72,9 +72,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import generate_sessions  # noqa: E402  (scripts/generate_sessions.py)
 
-from mtp_observe.families import HeadGeometry, expected_head_shapes  # noqa: E402
-from mtp_observe.mtp import MtpHead, causal_mask  # noqa: E402
-from mtp_observe.synthetic import SyntheticSpec, chat_template, save_checkpoint, train_tokenizer  # noqa: E402
+from mtp_observe.model.families import HeadGeometry, expected_head_shapes  # noqa: E402
+from mtp_observe.model.mtp import MtpHead, causal_mask  # noqa: E402
+from mtp_observe.model.synthetic import SyntheticSpec, chat_template, save_checkpoint, train_tokenizer  # noqa: E402
 
 DEFAULT_OUT = ROOT / "mtp_observe" / "default_model"
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
@@ -183,7 +183,7 @@ def train_bpe(texts: list[str], vocab_size: int):
 
 
 def write_tokenizer_files(directory: Path, tok) -> None:
-    from mtp_observe.synthetic import write_tokenizer
+    from mtp_observe.model.synthetic import write_tokenizer
 
     write_tokenizer(directory, tok, chat_template())
 
@@ -519,7 +519,7 @@ def simulate(spans: list[tuple[int, int]], accepted_len: dict[int, int], K: int)
 
 def reversed_concat_head(head: MtpHead) -> MtpHead:
     """The [hidden, embedding] reading of the same weights: fc's two column blocks swapped."""
-    from mtp_observe.mtp import build_head
+    from mtp_observe.model.mtp import build_head
 
     H = head.geometry.hidden_size
     tensors = {name: t.detach() for name, t in head.named_weights().items()}
@@ -530,7 +530,7 @@ def reversed_concat_head(head: MtpHead) -> MtpHead:
 @torch.no_grad()
 def prefill_with_pre_norm(target, ids: Tensor) -> tuple[Tensor, Tensor]:
     """prefill_hidden's post-final-norm states, and the final norm's input (the pre-norm residual stream)."""
-    from mtp_observe.target import prefill_hidden
+    from mtp_observe.model.target import prefill_hidden
 
     captured = []
     handle = target.model.norm.register_forward_hook(lambda mod, args, out: captured.append(args[0][0].detach()))
@@ -585,7 +585,7 @@ def load_sessions(files: list[Path]) -> list[dict]:
 
 def evaluate(model_dir: Path, session_files: list[Path], controls: bool = True, log=print) -> dict:
     """Score the demo sessions with the saved checkpoint, loaded as replay loads it."""
-    from mtp_observe.pipeline import load_model
+    from mtp_observe.run.pipeline import load_model
 
     t0 = time.time()
     model = load_model(model_dir)

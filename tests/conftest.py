@@ -16,7 +16,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402  (after OMP_NUM_THREADS: torch reads it when it starts its thread pool)
 
-from mtp_observe.synthetic import SyntheticSpec, write_synthetic_checkpoint
+from mtp_observe.model.synthetic import SyntheticSpec, write_synthetic_checkpoint
 
 from .forkserver import ForkServer, forkable, run_forked
 
@@ -118,6 +118,6 @@ def tiny_checkpoint(make_checkpoint) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_checkpoint):
-    from mtp_observe.pipeline import load_model
+    from mtp_observe.run.pipeline import load_model
 
     return load_model(tiny_checkpoint)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mtp_observe.pipeline import default_model_dir
-from mtp_observe.rendering import Renderer
-from mtp_observe.sessions import read_sessions
+from mtp_observe.run.pipeline import default_model_dir
+from mtp_observe.sessions.reading import read_sessions
+from mtp_observe.sessions.rendering import Renderer
 
 from .conftest import SESSIONS_PUBLIC
 
@@ -45,7 +45,7 @@ def real_sessions() -> tuple[list, ...]:
     """The demo sessions, then (when present) the public ones in PUBLIC_FILES, rendered."""
     sessions = render(sorted((ROOT / "sessions").glob("*.jsonl")))
     if SESSIONS_PUBLIC is not None:
-        from mtp_observe.importers import import_files
+        from mtp_observe.sessions.importers import import_files
 
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "public.jsonl"

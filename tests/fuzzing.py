@@ -33,8 +33,8 @@ from hypothesis import strategies as st
 
 from mtp_observe.cli import main
 from mtp_observe.errors import UserError
-from mtp_observe.importers import import_files
-from mtp_observe.sessions import Session, Skipped, read_sessions
+from mtp_observe.sessions.importers import import_files
+from mtp_observe.sessions.reading import Session, Skipped, read_sessions
 
 RUNS: Counter = Counter()
 OUTCOMES: Counter = Counter()  # per property: "wrote sessions", "refused", ... (a fuzzer that only reaches refusals is weak)
@@ -671,7 +671,7 @@ def check_engine_file(text: str, k: int = 4) -> None:
     import math
     import tracemalloc
 
-    from mtp_observe.counters import check_acceptance_length, read_engine_metrics
+    from mtp_observe.engines.counters import check_acceptance_length, read_engine_metrics
     from mtp_observe.errors import EngineMetricsError
 
     RUNS["engine metrics"] += 1

@@ -1,7 +1,7 @@
 """A plain, slow MTP head written straight from MTP_HEAD.md, for tests only.
 
 No cache, no batching, no chunking: every call rebuilds the whole row sequence and runs the
-layer over all of it with a per-head loop. It shares no code with mtp_observe.mtp.
+layer over all of it with a per-head loop. It shares no code with mtp_observe.model.mtp.
 `Reading` switches on one wrong reading at a time (the pitfalls), so a test can show the
 wrong reading gives a different answer.
 

@@ -1,4 +1,4 @@
-"""Two independent NextN heads (DeepSeek-V3, GLM-4.5), for tests only; neither shares code with mtp_observe.mtp.
+"""Two independent NextN heads (DeepSeek-V3, GLM-4.5), for tests only; neither shares code with mtp_observe.model.mtp.
 
 `TransformersNextn`: the head built from transformers' own classes — DeepseekV3DecoderLayer / Glm4MoeDecoderLayer
 (their attention, MoE block and router) loaded with the checkpoint's tensors of the NextN layer, their RMSNorm for

@@ -3,7 +3,7 @@
 Written from the research notes (/work/notes/tree.md §1 and §5, a NumPy transcription of sglang 0.5.23's
 eagle_worker_v2.py / spec_utils.py / eagle_utils.py), over tests/reference_head.py's ReferenceHead: every draft
 forward rebuilds the slot's whole row sequence (the request's true rows, then the rows the slot holds, then itself)
-and runs the layer over all of it. No batching, no cache; it shares no code with mtp_observe.tree.
+and runs the layer over all of it. No batching, no cache; it shares no code with mtp_observe.drafting.tree.
 
 `TreeReading` switches on one wrong rule at a time, so a test can show that the wrong rule changes the tree.
 """

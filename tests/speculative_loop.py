@@ -60,7 +60,7 @@ def speculative_sampling(target, head, prompt: list[int], profile, k: int, n_new
 
     from transformers import DynamicCache
 
-    from mtp_observe.target import _cache_kwarg
+    from mtp_observe.model.target import _cache_kwarg
 
     kw = _cache_kwarg(target.model)
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from mtp_observe.engines import serve_lines
-from mtp_observe.plotting import figure
-from mtp_observe.presentation import print_rich
+from mtp_observe.engines.exports import serve_lines
 from mtp_observe.report import parse_gate, read_and_summarize, report_json
+from mtp_observe.report.plotting import figure
+from mtp_observe.report.presentation import print_rich
 
 from .fuzzing import run_cli
 from .handmade import HandSpan, hand_run_sessions, random_sessions, write_run

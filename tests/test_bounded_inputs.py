@@ -14,7 +14,7 @@ import signal
 import pytest
 
 from mtp_observe.errors import UserError
-from mtp_observe.importers import import_files
+from mtp_observe.sessions.importers import import_files
 
 from .fuzzing import run_cli
 from .test_replay import SESSION

@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mtp_observe.pipeline import Observer, ReplayOptions, default_model_dir, replay
-from mtp_observe.progress import ProgressCounter
+from mtp_observe.run.pipeline import Observer, ReplayOptions, default_model_dir, replay
+from mtp_observe.run.progress import ProgressCounter
 
 from .test_drafters_replay import tokenizer_only  # noqa: F401 (a fixture)
 from .test_merge import report_of, same_tables
@@ -21,7 +21,7 @@ from .test_replay import SESSION, write_sessions
 
 ray = pytest.importorskip("ray", reason="the ray extra: pip install 'mtp-observe[ray]' (the test extra has it)")
 
-from mtp_observe.cluster import Fault, RayOptions, Task, dispatch_order  # noqa: E402
+from mtp_observe.run.cluster import Fault, RayOptions, Task, dispatch_order  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,7 @@ def test_sessions_go_longest_first_and_in_input_order_when_a_drafter_keeps_state
 
 def test_the_core_and_the_other_commands_never_import_ray_and_without_it_ray_is_one_line(sessions, tmp_path):
     code = ("import sys\n"
-            "import mtp_observe.pipeline, mtp_observe.merge, mtp_observe.cluster, mtp_observe.cli\n"
+            "import mtp_observe.run.pipeline, mtp_observe.run.merge, mtp_observe.run.cluster, mtp_observe.cli\n"
             "from mtp_observe.cli import main\n"
             "for command in ('replay', 'merge', 'report', 'generate', 'sessions', 'export', 'compare', 'inspect', 'probe',"
             " 'import'):\n"

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from mtp_observe.engine_check import check
-from mtp_observe.engines import read_engine_metrics
-from mtp_observe.generation import GenerateOptions, generate
-from mtp_observe.pipeline import ReplayOptions, default_model_dir, replay
+from mtp_observe.engines.check import check
+from mtp_observe.engines.exports import read_engine_metrics
 from mtp_observe.report import read_and_summarize
+from mtp_observe.run.generation import GenerateOptions, generate
+from mtp_observe.run.pipeline import ReplayOptions, default_model_dir, replay
 
 from .fuzzing import run_cli
 from .test_generation import loop_counters

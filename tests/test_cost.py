@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtp_observe.checkpoint import read_checkpoint
-from mtp_observe.cost import (
+from mtp_observe.cost.roofline import (
     DEVICES,
     ExpertCounts,
     Geometry,
@@ -31,6 +30,7 @@ from mtp_observe.cost import (
     speedup,
 )
 from mtp_observe.errors import OptionError
+from mtp_observe.model.checkpoint import read_checkpoint
 
 from .handmade import hand_run_sessions, random_sessions, write_run
 from .test_report import cli
@@ -316,7 +316,7 @@ def test_the_cost_pages_cpu_probe_table_is_flagged_as_cpu_and_its_schedule_is_it
 
 
 def test_the_roofline_charges_mlas_latent_cache_and_its_absorbed_attention(make_checkpoint):
-    from mtp_observe.cost import draft_step, target_step
+    from mtp_observe.cost.roofline import draft_step, target_step
 
     info = read_checkpoint(make_checkpoint(family="deepseek_v3", layout="text"))
     g = geometry_of_checkpoint(info)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtp_observe.checkpoint import read_checkpoint
+from mtp_observe.model.checkpoint import read_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = ROOT / "mtp_observe" / "default_model"
@@ -57,7 +57,7 @@ def tokenizer(trainer):
 
 @pytest.fixture(scope="module")
 def default_model():
-    from mtp_observe.pipeline import load_model
+    from mtp_observe.run.pipeline import load_model
 
     return load_model(DEFAULT_MODEL)
 
@@ -87,14 +87,14 @@ def test_the_bundled_checkpoint_stays_small_enough_to_ship_in_the_package():
 
 
 def test_the_bundled_chat_template_is_the_packages(tokenizer):
-    from mtp_observe.synthetic import chat_template
+    from mtp_observe.model.synthetic import chat_template
 
     assert (DEFAULT_MODEL / "chat_template.jinja").read_text() == chat_template()
     assert tokenizer.chat_template == chat_template()
 
 
 def test_the_bundled_tokenizer_has_the_chatml_and_markup_tokens_as_single_tokens(tokenizer):
-    from mtp_observe.synthetic import MARKUP_TOKENS, SPECIAL_TOKENS
+    from mtp_observe.model.synthetic import MARKUP_TOKENS, SPECIAL_TOKENS
 
     for token in SPECIAL_TOKENS + MARKUP_TOKENS:
         ids = tokenizer(token, add_special_tokens=False)["input_ids"]
@@ -224,8 +224,8 @@ def test_the_bundled_checkpoints_sign_flip_changes_no_output(trainer, default_mo
     """The saved checkpoint negates the final hidden space (trainer.flip_channel_signs): undoing the flip
     gives the same target logits and the same drafts, and it is what sets the pre-norm state against
     what the head reads."""
-    from mtp_observe.mtp import MtpHead
-    from mtp_observe.target import prefill_hidden
+    from mtp_observe.model.mtp import MtpHead
+    from mtp_observe.model.target import prefill_hidden
 
     request = trainer.session_requests(tokenizer, demo_sessions[0])[0]
     ids = torch.tensor(request.ids)
@@ -272,7 +272,7 @@ def test_tau_sim_walks_a_span_as_in_the_worked_example(trainer):
 def test_the_training_chain_step_equals_mtp_head_chain_on_the_drafted_path(trainer, tiny_model):
     """Teacher-forced with the chain's own drafts, the training script's chain steps give the states
     `MtpHead.chain` computes: the trained depth-2/3 losses see exactly what serving runs."""
-    from mtp_observe.target import prefill_hidden
+    from mtp_observe.model.target import prefill_hidden
 
     head = tiny_model.head
     gen = torch.Generator().manual_seed(3)
@@ -291,7 +291,7 @@ def test_the_training_chain_step_equals_mtp_head_chain_on_the_drafted_path(train
 
 def test_the_training_depth_1_loss_reads_the_row_pass(trainer, tiny_model):
     """head_losses' depth-1 cross-entropy equals the one computed from `MtpHead.row_pass` states."""
-    from mtp_observe.target import prefill_hidden
+    from mtp_observe.model.target import prefill_hidden
 
     head = tiny_model.head
     gen = torch.Generator().manual_seed(4)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from mtp_observe.drafters import accepted_length, span_ends
-from mtp_observe.drafters.hybrid import longer, score_threshold
-from mtp_observe.drafters.ngram import NgramConfig, NgramDrafter
-from mtp_observe.drafters.suffix import SuffixConfig, SuffixDecoding
+from mtp_observe.drafting.drafters import accepted_length, span_ends
+from mtp_observe.drafting.drafters.hybrid import longer, score_threshold
+from mtp_observe.drafting.drafters.ngram import NgramConfig, NgramDrafter
+from mtp_observe.drafting.drafters.suffix import SuffixConfig, SuffixDecoding
 
 from .drafting import real_sessions
 

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from mtp_observe import acceptance
-from mtp_observe.drafters import NO_TOKEN, accepted_length, anchors, span_ends
-from mtp_observe.drafters.ngram import NgramConfig, NgramDrafter, ngram_config, propose
+from mtp_observe.drafting import acceptance
+from mtp_observe.drafting.drafters import NO_TOKEN, accepted_length, anchors, span_ends
+from mtp_observe.drafting.drafters.ngram import NgramConfig, NgramDrafter, ngram_config, propose
 from mtp_observe.errors import OptionError
-from mtp_observe.metrics import simulate_decode
-from mtp_observe.rendering import Span
+from mtp_observe.report.metrics import simulate_decode
+from mtp_observe.sessions.rendering import Span
 
 from .drafting import real_requests, render
 

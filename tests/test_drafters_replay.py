@@ -15,13 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from mtp_observe.drafters import NO_TOKEN, accepted_length, span_ends
-from mtp_observe.drafters.hybrid import longer, score_threshold
-from mtp_observe.drafters.ngram import NgramConfig, NgramDrafter
-from mtp_observe.drafters.suffix import SuffixConfig, SuffixDecoding
-from mtp_observe.metrics import simulate_decode
-from mtp_observe.pipeline import ReplayOptions, default_model_dir, replay
+from mtp_observe.drafting.drafters import NO_TOKEN, accepted_length, span_ends
+from mtp_observe.drafting.drafters.hybrid import longer, score_threshold
+from mtp_observe.drafting.drafters.ngram import NgramConfig, NgramDrafter
+from mtp_observe.drafting.drafters.suffix import SuffixConfig, SuffixDecoding
 from mtp_observe.report import load_run, read_and_summarize, report_json
+from mtp_observe.report.metrics import simulate_decode
+from mtp_observe.run.pipeline import ReplayOptions, default_model_dir, replay
 
 from .test_drafters_ngram import _prose
 from .test_replay import SESSION, write_sessions
@@ -408,7 +408,7 @@ def test_report_json_of_an_mtp_only_run_has_one_drafter_and_no_drafter_tables(ti
     reading = read_and_summarize(run, replicates=20)
     data = report_json(reading.report)
     assert data["drafters"]["names"] == ["mtp"] and data["drafters"]["ranking"][0]["drafter"] == "mtp"
-    from mtp_observe.presentation import markdown
+    from mtp_observe.report.presentation import markdown
 
     assert "which drafter" not in markdown(reading.report)
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from mtp_observe.drafters import NO_TOKEN, anchors, suffix_tree as tree
-from mtp_observe.drafters.suffix import SuffixConfig, SuffixDecoding
+from mtp_observe.drafting.drafters import NO_TOKEN, anchors, suffix_tree as tree
+from mtp_observe.drafting.drafters.suffix import SuffixConfig, SuffixDecoding
 from mtp_observe.errors import OptionError
 
 from .brute_suffix import BruteCache, BruteTree

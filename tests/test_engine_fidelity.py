@@ -2,7 +2,7 @@
 acceptance that reproduces the run when a synthetic engine drafts as the run's drafter did, TensorRT-LLM's
 max_draft_len, suffix decoding's options vLLM has and has not, and the limits of the per-batch-size K schedule.
 
-vLLM's own code is transcribed where a test needs it (vLLM 0.33.0, the files cited in mtp_observe/engines.py)."""
+vLLM's own code is transcribed where a test needs it (vLLM 0.33.0, the files cited in mtp_observe/engines/exports.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mtp_observe.drafters.ngram import NgramConfig
-from mtp_observe.engines import (
+from mtp_observe.drafting.drafters.ngram import NgramConfig
+from mtp_observe.engines.exports import (
     UNLIMITED_CACHED_REQUESTS,
     engine_numbers,
     export,
@@ -24,9 +24,9 @@ from mtp_observe.engines import (
     vllm_speculative_config,
 )
 from mtp_observe.errors import OptionError
-from mtp_observe.metrics import engine_counted, visited_anchors_reference
-from mtp_observe.pipeline import ReplayOptions, default_model_dir, replay
 from mtp_observe.report import Reading, read_and_summarize
+from mtp_observe.report.metrics import engine_counted, visited_anchors_reference
+from mtp_observe.run.pipeline import ReplayOptions, default_model_dir, replay
 
 from .handmade import random_sessions, write_run
 

@@ -2,7 +2,7 @@
 
 The consumers' own parsers cannot be installed here (vLLM needs its CUDA build; Model-Optimizer's
 speculation_profile.py exists only in open PRs; SGLang and TensorRT-LLM read environment variables), so
-their checks are transcribed below, each beside the file it comes from (mtp_observe/engines.py cites them
+their checks are transcribed below, each beside the file it comes from (mtp_observe/engines/exports.py cites them
 with the commit read).
 """
 
@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import yaml
 
-from mtp_observe.engine_check import check
-from mtp_observe.engines import ENGINES, engine_numbers, export, read_engine_metrics
+from mtp_observe.engines.check import check
+from mtp_observe.engines.exports import ENGINES, engine_numbers, export, read_engine_metrics
 from mtp_observe.errors import EngineMetricsError
-from mtp_observe.metrics import visited_anchors_reference
 from mtp_observe.report import read_and_summarize, report_json
+from mtp_observe.report.metrics import visited_anchors_reference
 
 from .handmade import random_sessions, write_run
 
@@ -99,7 +99,7 @@ def test_report_prints_the_serve_flags_of_its_verdict_and_the_engine_counted_num
 def test_the_serve_lines_say_what_each_verdict_stands_for(big_run, tmp_path):
     from dataclasses import replace
 
-    from mtp_observe.engines import serve_lines, what_if_lines
+    from mtp_observe.engines.exports import serve_lines, what_if_lines
 
     report = read_and_summarize(big_run, replicates=50).report
     k = report.best_k
@@ -364,7 +364,7 @@ def test_a_model_free_drafter_gets_its_own_vllm_config_a_hybrid_none_and_compare
     # suffix_decoding_max_tree_depth / _max_cached_requests / _max_spec_factor / _min_token_prob.
     from dataclasses import replace
 
-    from mtp_observe.engines import serve_lines
+    from mtp_observe.engines.exports import serve_lines
     from mtp_observe.errors import OptionError
 
     report = reading.report
@@ -395,7 +395,7 @@ def test_a_schedule_over_batch_sizes_becomes_vllms_dynamic_config_in_the_report_
     # sorted, K capped at num_speculative_tokens; with synthetic acceptance the rates are num_speculative_tokens long.
     from dataclasses import replace
 
-    from mtp_observe.engines import serve_lines
+    from mtp_observe.engines.exports import serve_lines
     from mtp_observe.report import Reading
 
     report = reading.report
@@ -428,7 +428,7 @@ for argv in (["export", {str(big_run)!r}, "--engine", "speculation-profile", "-o
         main(argv)
     except SystemExit as e:
         assert e.code == 0, e.code
-import mtp_observe.engines
+import mtp_observe.engines.exports
 assert "torch" not in sys.modules and "transformers" not in sys.modules, "export or compare imported torch"
 print("no torch")
 """

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from mtp_observe.estimate import (
+from mtp_observe.run.estimate import (
     Estimate,
     Rates,
     ReplayWork,
@@ -26,7 +26,7 @@ from mtp_observe.estimate import (
     replay_seconds,
     replay_work,
 )
-from mtp_observe.progress import GenerationCounter, GenerationState, ProgressCounter, generation_lines
+from mtp_observe.run.progress import GenerationCounter, GenerationState, ProgressCounter, generation_lines
 
 from .test_generation import SESSIONS, _write
 from .test_replay import SESSION, write_sessions
@@ -54,10 +54,10 @@ class PairCounter:
 def test_the_replay_estimate_counts_the_attention_pairs_the_replay_computes(tiny_model, tiny_checkpoint, tmp_path, monkeypatch):
     """Target and head together: every scaled_dot_product_attention call of a session's replay (chunked prefill
     over a carried prefix, the head's row chunks, its chain blocks) adds up to the estimate's pairs."""
-    from mtp_observe.estimate import full_attention_layers
-    from mtp_observe.pipeline import default_profiles, replay_session
-    from mtp_observe.rendering import Renderer
-    from mtp_observe.sessions import read_sessions
+    from mtp_observe.run.estimate import full_attention_layers
+    from mtp_observe.run.pipeline import default_profiles, replay_session
+    from mtp_observe.sessions.reading import read_sessions
+    from mtp_observe.sessions.rendering import Renderer
 
     path = write_sessions(tmp_path / "s.jsonl", [SESSION])
     rendered = Renderer.from_model_dir(tiny_checkpoint).render(next(iter(read_sessions([path]))))
@@ -75,15 +75,15 @@ def test_the_generate_estimate_counts_the_prompts_padding_forwards_and_pairs_gen
                                                                                                 monkeypatch):
     """With every turn running to --max-new-tokens (no end-of-turn token drawn), the estimate's longer case is what
     generate computes: the padded prefill and the decode rows through the target, and their attention pairs."""
-    import mtp_observe.generation as generation
-    from mtp_observe.estimate import full_attention_layers
-    from mtp_observe.generation import GenerateOptions, generate, generate_estimate
+    import mtp_observe.run.generation as generation
+    from mtp_observe.run.estimate import full_attention_layers
+    from mtp_observe.run.generation import GenerateOptions, generate, generate_estimate
 
     monkeypatch.setattr(generation, "draw", lambda dist, uniforms: torch.full((uniforms.shape[0],), 7, dtype=torch.long))
     sessions = _write(tmp_path / "s.jsonl", SESSIONS)
     opts = GenerateOptions(sampling="greedy", max_new_tokens=5, device="cpu", batch_size=2, chunk_size=128)
     estimate = generate_estimate([sessions], tiny_checkpoint, opts)
-    import mtp_observe.estimate as estimate_module
+    import mtp_observe.run.estimate as estimate_module
 
     monkeypatch.setattr(estimate_module, "calibrate_generate", lambda *args: estimate.rates)  # count the run alone
     forwarded = [0]
@@ -101,7 +101,7 @@ def test_the_generate_estimate_counts_the_prompts_padding_forwards_and_pairs_gen
     assert summary.tokens == w.generated_high == w.turns * 5
     assert forwarded[0] == w.prefill + w.generated_high - w.turns  # the first token of each turn needs no forward
     assert w.prefill > w.prompt  # the batches' shorter prompts are padded
-    import mtp_observe.pipeline as pipeline
+    import mtp_observe.run.pipeline as pipeline
 
     model_info = pipeline.load_model(tiny_checkpoint).info
     heads = model_info.geometry.num_heads
@@ -313,8 +313,8 @@ def test_sessions_shows_the_work_and_time_of_a_replay_and_a_generate(tiny_checkp
 
 SLOW = """
 import sys, time
-import mtp_observe.estimate as estimate
-import mtp_observe.generation as generation
+import mtp_observe.run.estimate as estimate
+import mtp_observe.run.generation as generation
 
 real = generation._forward
 # the calibration is not under test here: fixed rates, so that only the run's own chunks are slow

@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mtp_observe.checkpoint import read_checkpoint
-from mtp_observe.mtp import rotary_frequencies, route, routed_experts, zero_centred_rms_norm
-from mtp_observe.pipeline import load_model
-from mtp_observe.target import prefill_hidden
+from mtp_observe.model.checkpoint import read_checkpoint
+from mtp_observe.model.mtp import rotary_frequencies, route, routed_experts, zero_centred_rms_norm
+from mtp_observe.model.target import prefill_hidden
+from mtp_observe.run.pipeline import load_model
 
 from .head_checks import SAMPLE_ANCHORS, K, assert_wrong_reading_differs, product_drafts, reference
 from .reference_head import Reading
@@ -228,8 +228,8 @@ def test_a_moe_text_config_needs_no_dense_intermediate_size(make_checkpoint):
 @pytest.mark.parametrize("extra, moe", [({}, True), ({"mlp_only_layers": [0]}, False), ({"decoder_sparse_step": 2}, False),
                                         ({"mlp_only_layers": [1, 2]}, True)])
 def test_the_qwen3_next_head_is_moe_exactly_when_vllm_builds_layer_0_as_moe(extra, moe):
-    from mtp_observe.families import geometry_from_config
-    from mtp_observe.synthetic import SyntheticSpec
+    from mtp_observe.model.families import geometry_from_config
+    from mtp_observe.model.synthetic import SyntheticSpec
 
     g = geometry_from_config("qwen3_next", SyntheticSpec(**NEXT, extra=extra).text_config())
     assert (g.moe is not None) == moe and (g.intermediate_size is None) == moe
@@ -304,8 +304,8 @@ def test_the_heads_rope_frequencies_equal_transformers_own(params):
     from transformers import Qwen3_5TextConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from mtp_observe.families import geometry_from_config
-    from mtp_observe.synthetic import SyntheticSpec
+    from mtp_observe.model.families import geometry_from_config
+    from mtp_observe.model.synthetic import SyntheticSpec
 
     tc = SyntheticSpec(head_dim=64, rope_theta=1e6).text_config()
     tc["max_position_embeddings"] = 512

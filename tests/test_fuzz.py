@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mtp_observe.errors import UserError
-from mtp_observe.importers import FORMATS, import_files
-from mtp_observe.rendering import Renderer
-from mtp_observe.sessions import Session, Skipped, read_sessions
+from mtp_observe.sessions.importers import FORMATS, import_files
+from mtp_observe.sessions.reading import Session, Skipped, read_sessions
+from mtp_observe.sessions.rendering import Renderer
 
 from .fuzzing import (
     OUTCOMES,

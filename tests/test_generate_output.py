@@ -33,7 +33,7 @@ def generate_args(sessions: Path, checkpoint: Path, out: Path, *more) -> list[st
 @pytest.fixture
 def no_model(monkeypatch):
     """Fails the test if the model is loaded: what is refused must be refused before any generation."""
-    import mtp_observe.pipeline as pipeline
+    import mtp_observe.run.pipeline as pipeline
 
     def never(*args, **kwargs):
         raise AssertionError("the model was loaded before the output was checked")
@@ -53,7 +53,7 @@ def test_an_output_that_is_a_directory_is_refused_before_any_generation(sessions
     code, _, err = run_cli(generate_args(sessions, tiny_checkpoint, directory))
     _one_error(code, err, "is a directory")
     from mtp_observe.errors import OptionError
-    from mtp_observe.generation import GenerateOptions, generate
+    from mtp_observe.run.generation import GenerateOptions, generate
 
     with pytest.raises(OptionError, match="is a directory"):  # the library refuses it too, before loading the model
         generate([sessions], tiny_checkpoint, directory, GenerateOptions(device="cpu"))

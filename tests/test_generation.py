@@ -19,7 +19,9 @@ import pandas as pd
 import pytest
 import torch
 
-from mtp_observe.generation import (
+from mtp_observe.model.target import BUILTIN_PROFILES, Distribution
+from mtp_observe.report import load_run, resolve_cost, summarize
+from mtp_observe.run.generation import (
     Completion,
     GenerateOptions,
     Settings,
@@ -30,9 +32,7 @@ from mtp_observe.generation import (
     generate_batch,
     turn_prompts,
 )
-from mtp_observe.pipeline import ReplayOptions, default_model_dir, load_model, replay
-from mtp_observe.report import load_run, resolve_cost, summarize
-from mtp_observe.target import BUILTIN_PROFILES, Distribution
+from mtp_observe.run.pipeline import ReplayOptions, default_model_dir, load_model, replay
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = sorted((ROOT / "sessions").glob("*.jsonl"))
@@ -61,15 +61,15 @@ def bundled():
 
 @pytest.fixture(scope="module")
 def demo_prompts() -> list[TurnPrompt]:
-    from mtp_observe.rendering import Renderer
-    from mtp_observe.sessions import read_sessions
+    from mtp_observe.sessions.reading import read_sessions
+    from mtp_observe.sessions.rendering import Renderer
 
     renderer = Renderer.from_model_dir(default_model_dir())
     return [p for s in read_sessions(DEMO) for p in turn_prompts(renderer.render(s))]
 
 
 def _settings(profile: str, seed: int = 0) -> Settings:
-    from mtp_observe.rendering import Renderer
+    from mtp_observe.sessions.rendering import Renderer
 
     return Settings(profile=PROFILES[profile], max_new_tokens=N_NEW, seed=seed,
                     eos_ids=Renderer.from_model_dir(default_model_dir()).eos_ids)
@@ -79,8 +79,8 @@ def _settings(profile: str, seed: int = 0) -> Settings:
 
 
 def test_each_turns_prompt_is_the_context_replay_scores_that_turn_against(demo_prompts):
-    from mtp_observe.rendering import Renderer
-    from mtp_observe.sessions import read_sessions
+    from mtp_observe.sessions.reading import read_sessions
+    from mtp_observe.sessions.rendering import Renderer
 
     renderer = Renderer.from_model_dir(default_model_dir())
     session = next(iter(read_sessions(DEMO[:1])))
@@ -174,8 +174,8 @@ def test_greedy_own_text_replays_fully_on_policy_with_a_verdict(greedy_run):
 
 
 def test_the_records_name_their_source_turn_model_sampler_and_seed(greedy_run):
-    from mtp_observe.checkpoint import read_checkpoint, weights_fingerprint
-    from mtp_observe.sessions import read_sessions
+    from mtp_observe.model.checkpoint import read_checkpoint, weights_fingerprint
+    from mtp_observe.sessions.reading import read_sessions
 
     out, _, run = greedy_run
     records = _records(out)
@@ -277,8 +277,8 @@ def test_the_report_sets_the_loops_tokens_per_step_beside_the_replays_tau_sim_an
 def test_the_loops_counters_written_as_vllm_metrics_equal_the_runs_engine_counts_and_compare_agrees(speculative_runs,
                                                                                                     sampler, tmp_path):
     """The loop is an engine: its kept drafts per verify step, counted as vLLM counts them (num_drafts, per_pos),
-    equal the run's engine-counted numbers (mtp_observe/engines.py) exactly, not the all-anchor rates."""
-    from mtp_observe.engines import engine_numbers
+    equal the run's engine-counted numbers (mtp_observe/engines/exports.py) exactly, not the all-anchor rates."""
+    from mtp_observe.engines.exports import engine_numbers
 
     out, run = speculative_runs[sampler]
     kept = [a for record in _records(out) for turn in record["meta"]["speculative"]["accepted"] for a in turn]
@@ -428,14 +428,14 @@ def test_a_malformed_meta_speculative_is_one_line_naming_the_session(tiny_checkp
 def test_completions_of_one_token_are_left_out_and_said(tiny_checkpoint, monkeypatch, tmp_path):
     """A turn that ends at once (the end-of-turn token alone) has nothing to draft: the request is left out, and a
     session with no other turn is no record (said, not an error)."""
-    import mtp_observe.generation as generation
+    import mtp_observe.run.generation as generation
 
     def ends_at_once(model, prompts, settings, observer=None):
         return [Completion((next(iter(settings.eos_ids)),), "eos") if p.session_id == "s1" or p.turn == 1
                 else Completion((5, 6), "length") for p in prompts]
 
     monkeypatch.setattr(generation, "generate_batch", ends_at_once)
-    import mtp_observe.estimate as estimate  # its calibration would time the fake (with no end-of-turn id to end at)
+    import mtp_observe.run.estimate as estimate  # its calibration would time the fake (with no end-of-turn id to end at)
 
     monkeypatch.setattr(estimate, "calibrate_generate", lambda *args: estimate.Rates("cpu", 1, 1e-3, 0.0, 1, 1, step_s=0.01))
     sessions = _write(tmp_path / "s.jsonl", SESSIONS[:2])
@@ -464,7 +464,7 @@ def test_the_generation_benchmark_measures_and_prices_a_tiny_workload(tmp_path):
 
 def test_a_second_generate_on_the_same_output_is_refused_while_the_first_holds_it(tmp_path):
     from mtp_observe.errors import OptionError
-    from mtp_observe.generation import Output
+    from mtp_observe.run.generation import Output
 
     out = tmp_path / "own.jsonl"
     first = Output(out, resume=False, identity={}, sampling={})

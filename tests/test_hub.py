@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mtp_observe.errors import CheckpointError
-from mtp_observe.hub import resolve_model
+from mtp_observe.model.hub import resolve_model
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

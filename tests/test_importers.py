@@ -19,10 +19,10 @@ import pytest
 import yaml
 
 from mtp_observe.errors import InputError
-from mtp_observe.importers import Options, detect, import_files
-from mtp_observe.importers.common import MISSING_KINDS, Source
-from mtp_observe.rendering import Renderer
-from mtp_observe.sessions import Session, read_sessions
+from mtp_observe.sessions.importers import Options, detect, import_files
+from mtp_observe.sessions.importers.common import MISSING_KINDS, Source
+from mtp_observe.sessions.reading import Session, read_sessions
+from mtp_observe.sessions.rendering import Renderer
 
 from .conftest import SESSIONS_PUBLIC
 from .test_sessions import assert_spans_are_the_rendered_turns
@@ -103,7 +103,7 @@ def test_auto_detects_the_format_of_every_public_sample(fmt):
 
 @needs_public
 def test_auto_refuses_files_that_are_no_log_in_one_line_listing_the_formats(tmp_path):
-    from mtp_observe.importers import FORMATS as ALL
+    from mtp_observe.sessions.importers import FORMATS as ALL
 
     schema = SESSIONS_PUBLIC / "otel-genai" / "gen-ai-input-messages.json"  # a JSON schema, not a log
     notes = tmp_path / "notes.txt"

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from mtp_observe.errors import InputError, OptionError
-from mtp_observe.importers import import_files
-from mtp_observe.pipeline import default_model_dir
-from mtp_observe.rendering import Renderer, survey, template_overrides
-from mtp_observe.sessions import read_sessions
+from mtp_observe.run.pipeline import default_model_dir
+from mtp_observe.sessions.importers import import_files
+from mtp_observe.sessions.reading import read_sessions
+from mtp_observe.sessions.rendering import Renderer, survey, template_overrides
 
 from .conftest import SESSIONS_PUBLIC
 from .fuzzing import run_cli

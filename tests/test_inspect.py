@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mtp_observe.checkpoint import read_checkpoint
-from mtp_observe.inventory import take_inventory
+from mtp_observe.cost.inventory import take_inventory
+from mtp_observe.model.checkpoint import read_checkpoint
 
 
 def inspect_json(path: Path) -> dict:
@@ -74,7 +74,7 @@ def test_inspect_reads_headers_only_not_the_tensor_data(make_checkpoint, monkeyp
     """Every byte read from the shards is a header: inspect answers at once on a 60 GB checkpoint."""
     import builtins
 
-    from mtp_observe.inventory import inventory_json
+    from mtp_observe.cost.inventory import inventory_json
 
     path = make_checkpoint(shards=3)
     header_bytes = 0

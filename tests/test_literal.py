@@ -119,8 +119,8 @@ def test_session_ids_with_rich_markup_print_as_the_id_in_the_heatmap_and_in_mark
 
     from rich.console import Console
 
-    from mtp_observe.heatmap import print_terminal, session_view
     from mtp_observe.report import load_run
+    from mtp_observe.report.heatmap import print_terminal, session_view
 
     sessions = hand_run_sessions()
     run = write_run(tmp_path / "run", {sid: sessions["A"] for sid in MARKUP_IDS}, k=2)

@@ -17,11 +17,11 @@ import pytest
 import yaml
 
 from mtp_observe.errors import InputError
-from mtp_observe.importers import Options, detect, import_files
-from mtp_observe.importers.common import MISSING_KINDS, SAMPLING_KEYS, Malformed, Source, sampling_params
-from mtp_observe.pipeline import default_model_dir
-from mtp_observe.rendering import Renderer
-from mtp_observe.sessions import read_sessions
+from mtp_observe.run.pipeline import default_model_dir
+from mtp_observe.sessions.importers import Options, detect, import_files
+from mtp_observe.sessions.importers.common import MISSING_KINDS, SAMPLING_KEYS, Malformed, Source, sampling_params
+from mtp_observe.sessions.reading import read_sessions
+from mtp_observe.sessions.rendering import Renderer
 
 from . import log_samples
 from .conftest import SESSIONS_PUBLIC
@@ -575,7 +575,7 @@ def test_sampling_params_are_read_as_literals_and_never_executed(tmp_path):
     with pytest.raises(InputError, match=r"request r1: line 2: SamplingParams.temperature: .* is not a literal value"):
         import_files("vllm-log", [path], tmp_path / "out.jsonl")
     assert not marker.exists()
-    from mtp_observe.importers.vllm_log import sampling_repr
+    from mtp_observe.sessions.importers.vllm_log import sampling_repr
 
     assert sampling_repr("SamplingParams(n=1, best_of=None, temperature=0.0, top_p=1.0, top_k=-1,use_beam_search=False, stop=['a, b'], "
                          "structured_outputs=StructuredOutputsParams(json={'x': (1, 2)}), output_kind=RequestOutputKind.FINAL_ONLY, max_tokens=16)", "") == \
@@ -602,7 +602,7 @@ def test_streamed_vllm_deltas_are_joined_and_marked_inexact_and_the_older_single
 def test_vllm_log_records_replay_with_exactly_the_logged_token_ids(tmp_path, bundled):
     import pyarrow.dataset as ds
 
-    from mtp_observe.pipeline import ReplayOptions, replay
+    from mtp_observe.run.pipeline import ReplayOptions, replay
 
     conversation = log_samples.bundled_conversation_ids(bundled.tokenizer)
     path = vllm_log(tmp_path, *((f"req-{k}", pt, pi, oi, ot) for k, (pt, pi, oi, ot) in enumerate(conversation)))

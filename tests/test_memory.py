@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from mtp_observe.memory import run_measured
+from mtp_observe.run.memory import run_measured
 
 ALLOCATE = "import sys; x = bytearray({n}); x[::4096] = b'1' * len(x[::4096]); print('ok'); sys.exit({code})"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mtp_observe import mtp
-from mtp_observe.mtp import zero_centred_rms_norm
-from mtp_observe.target import prefill_hidden
+from mtp_observe.model import mtp
+from mtp_observe.model.mtp import zero_centred_rms_norm
+from mtp_observe.model.target import prefill_hidden
 
 from .head_checks import SAMPLE_ANCHORS, K, assert_wrong_reading_differs, product_drafts, reference
 from .reference_head import Reading
@@ -184,7 +184,7 @@ def test_a_decode_step_equals_the_chains_second_step(tiny_model, request_tokens)
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-only path: needs a CUDA device")
 def test_the_cuda_row_pass_with_a_lower_right_causal_bias_equals_the_cpu_one(tiny_checkpoint, request_tokens):
-    from mtp_observe.pipeline import load_model
+    from mtp_observe.run.pipeline import load_model
 
     ids, hidden = request_tokens
     cpu = load_model(tiny_checkpoint)

@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from mtp_observe.checkpoint import compare_copies, read_checkpoint
-from mtp_observe.families import head_reading
-from mtp_observe.mtp import apply_interleaved_rotary, rms_norm, route_grouped, softmax_scale
-from mtp_observe.pipeline import load_model
-from mtp_observe.target import prefill_hidden
+from mtp_observe.model.checkpoint import compare_copies, read_checkpoint
+from mtp_observe.model.families import head_reading
+from mtp_observe.model.mtp import apply_interleaved_rotary, rms_norm, route_grouped, softmax_scale
+from mtp_observe.model.target import prefill_hidden
+from mtp_observe.run.pipeline import load_model
 
 from .head_checks import product_drafts
 from .reference_nextn import CORRECT, PlainNextn, Reading, TransformersNextn
@@ -100,7 +100,7 @@ def test_the_moe_block_equals_transformers_own_with_its_grouped_router(models, s
 
 
 def test_grouped_routing_chooses_by_the_biased_scores_and_weighs_by_the_unbiased_on_a_worked_example():
-    from mtp_observe.families import SparseMoe
+    from mtp_observe.model.families import SparseMoe
 
     moe = SparseMoe(4, 2, 8, 8, True, routing="sigmoid_grouped", n_group=2, topk_group=1, routed_scaling_factor=2.5)
     logits = torch.logit(torch.tensor([[0.9, 0.8, 0.6, 0.5]]))
@@ -120,7 +120,7 @@ def test_the_plain_norm_scales_by_w_and_the_interleaved_rotary_rotates_neighbour
 
 
 def test_deepseek_v3s_softmax_scale_carries_yarns_mscale_squared(make_checkpoint):
-    from mtp_observe.families import geometry_from_config
+    from mtp_observe.model.families import geometry_from_config
 
     config = json.loads((make_checkpoint(**DEEPSEEK) / "config.json").read_text())
     real = dict(config, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)  # V3's: 192^-0.5 * 1.368888^2
@@ -247,7 +247,7 @@ def test_a_nextn_layer_below_first_k_dense_replace_is_dense_as_vllm_builds_it_an
                                                (dict(GLM, moe_intermediate_size=160), torch.bfloat16)],
                          ids=["deepseek_v3 F32 scales", "glm4_moe BF16 scales"])
 def test_an_fp8_nextn_checkpoint_replays_with_exactly_the_rows_of_its_dequantised_copy(make_checkpoint, tmp_path, spec, scale_dtype):
-    from mtp_observe.synthetic import write_dequantised_copy, write_fp8_copy
+    from mtp_observe.model.synthetic import write_dequantised_copy, write_fp8_copy
 
     from .test_quantized import assert_same_rows, replay_rows
 
@@ -269,8 +269,8 @@ def test_an_fp8_nextn_checkpoint_replays_with_exactly_the_rows_of_its_dequantise
 
 
 def test_the_grouped_routers_of_the_target_are_recorded(models):
-    from mtp_observe.routing import RouterRecorder
-    from mtp_observe.target import prefill
+    from mtp_observe.model.routing import RouterRecorder
+    from mtp_observe.model.target import prefill
 
     model, ids, _ = models(**DEEPSEEK)
     recorder = RouterRecorder(model.target, 2)
@@ -287,7 +287,7 @@ def test_the_grouped_routers_of_the_target_are_recorded(models):
 
 
 def test_inspect_shows_the_nextn_layer_its_copies_and_the_mla_cache(make_checkpoint):
-    from mtp_observe.inventory import inventory_json, take_inventory
+    from mtp_observe.cost.inventory import inventory_json, take_inventory
 
     info = read_checkpoint(make_checkpoint(**DEEPSEEK))
     data = inventory_json(take_inventory(info))
@@ -302,7 +302,7 @@ def test_inspect_shows_the_nextn_layer_its_copies_and_the_mla_cache(make_checkpo
 
 @pytest.mark.parametrize("spec", [DEEPSEEK, GLM], ids=["deepseek_v3", "glm4_moe"])
 def test_the_config_alone_gives_the_geometry_a_real_nextn_checkpoint_has(make_checkpoint, spec):
-    from mtp_observe.cost import config_tensors, geometry_from_tensors, geometry_of_checkpoint
+    from mtp_observe.cost.roofline import config_tensors, geometry_from_tensors, geometry_of_checkpoint
 
     info = read_checkpoint(make_checkpoint(**spec))
     real = geometry_of_checkpoint(info)
@@ -346,7 +346,7 @@ def test_replay_records_the_reading_and_a_resume_under_another_is_refused(make_c
     code, report, _ = run_in_process("report", run, "--replicates", "50", "--details")  # the notes are in the details
     assert "head replayed as SGLang 0.5.23" in report
     # where the other engine reads the head otherwise: said beside a serve line (none here: the verdict is UNRELIABLE)
-    from mtp_observe.engines import reading_note
+    from mtp_observe.engines.exports import reading_note
     from mtp_observe.report import read_and_summarize
 
     note = reading_note(read_and_summarize(run, replicates=50).report, "vllm")

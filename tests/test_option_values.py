@@ -66,7 +66,7 @@ def test_a_nan_suffix_factor_no_longer_reaches_run_json_or_the_vllm_config(tiny_
 
 
 def test_gate_and_device_spec_numbers_are_finite(tmp_path):
-    from mtp_observe.cost import parse_device
+    from mtp_observe.cost.roofline import parse_device
 
     run = write_run(tmp_path / "run", random_sessions(10, 2, 0.7, seed=1), k=2)
     code, _, err = run_cli(["report", str(run), "--gate", "speedup>=1e400"])
@@ -84,7 +84,7 @@ def _strict(text: str):
 
 
 def test_run_json_is_always_valid_json(tmp_path):
-    from mtp_observe.tables import read_manifest, write_json_atomic
+    from mtp_observe.run.tables import read_manifest, write_json_atomic
 
     path = tmp_path / "run.json"
     path.write_text('{"kept": true}\n')

@@ -131,7 +131,8 @@ def test_a_write_that_fails_leaves_the_previous_file_whole_and_no_temporary(run_
 
 
 def test_the_run_entries_refused_are_the_ones_tables_defines():
-    from mtp_observe import outputs, tables
+    from mtp_observe import outputs
+    from mtp_observe.run import tables
 
     assert outputs.RUN_MANIFEST == tables.MANIFEST and outputs.RUN_LOCK == tables.LOCK
     assert outputs.RUN_TABLES == (tables.REQUESTS, tables.POSITIONS)

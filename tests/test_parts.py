@@ -16,8 +16,8 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from mtp_observe import parts, tables
-from mtp_observe.pipeline import ReplayOptions, replay
+from mtp_observe.run import parts, tables
+from mtp_observe.run.pipeline import ReplayOptions, replay
 
 from .test_replay import SESSION, run_cli, write_sessions
 

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtp_observe.checkpoint import read_checkpoint
-from mtp_observe.inventory import take_inventory
-from mtp_observe.probe import (
+from mtp_observe.cost.inventory import take_inventory
+from mtp_observe.cost.probe import (
     BatchTiming,
     Timing,
     batched_draft_step,
@@ -25,6 +24,7 @@ from mtp_observe.probe import (
     target_forward,
     time_call,
 )
+from mtp_observe.model.checkpoint import read_checkpoint
 
 from .handmade import hand_run_sessions, write_run
 
@@ -175,7 +175,7 @@ def test_probe_option_mistakes_are_one_line(tiny_checkpoint):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_probe_on_cuda_times_in_bfloat16_and_does_not_say_cpu(tiny_checkpoint):
-    from mtp_observe.probe import probe, probe_json
+    from mtp_observe.cost.probe import probe, probe_json
 
     data = probe_json(probe(tiny_checkpoint, context=256, k=2, device="cuda", repeats=5))
     assert (data["cpu"], data["dtype"], data["roofline"]["precision"]) == (False, "bfloat16", "BF16")

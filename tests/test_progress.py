@@ -9,8 +9,8 @@ import re
 import subprocess
 import sys
 
-from mtp_observe.pipeline import Observer, ReplayOptions, replay
-from mtp_observe.progress import ProgressCounter, ProgressState, progress_line, progress_lines
+from mtp_observe.run.pipeline import Observer, ReplayOptions, replay
+from mtp_observe.run.progress import ProgressCounter, ProgressState, progress_line, progress_lines
 from mtp_observe.wording import plural
 
 
@@ -139,8 +139,8 @@ def test_a_replay_reports_every_request_chunk_and_reused_prefix_and_they_add_up_
 def test_a_caller_whose_observer_drops_the_estimate_pays_no_calibration(tiny_checkpoint, tmp_path, monkeypatch):
     """The default Observer (a library caller's) is given no estimate, so the model is not calibrated for it; an
     observer that takes the estimate (above) is."""
-    import mtp_observe.estimate as estimate
-    from mtp_observe.generation import GenerateOptions, generate
+    import mtp_observe.run.estimate as estimate
+    from mtp_observe.run.generation import GenerateOptions, generate
 
     from .test_replay import SESSION, write_sessions
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from mtp_observe import quantisers as Q
-from mtp_observe.checkpoint import dequantize_blockwise
-from mtp_observe.synthetic import quantize_fp8_blockwise
+from mtp_observe.model import quantisers as Q
+from mtp_observe.model.checkpoint import dequantize_blockwise
+from mtp_observe.model.synthetic import quantize_fp8_blockwise
 
 gguf = pytest.importorskip("gguf", reason="the gguf package (the test extra) pins the GGUF round trips")
 GGUF_TYPES = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q5_0": gguf.GGMLQuantizationType.Q5_0,

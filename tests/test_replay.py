@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from mtp_observe.pipeline import ReplayOptions, replay
-from mtp_observe.tables import SCHEMA_VERSION, positions_schema, requests_schema
-from mtp_observe.target import BUILTIN_PROFILES, SamplingProfile, Turns, reduce_logits, sampler_distribution
+from mtp_observe.model.target import BUILTIN_PROFILES, SamplingProfile, Turns, reduce_logits, sampler_distribution
+from mtp_observe.run.pipeline import ReplayOptions, replay
+from mtp_observe.run.tables import SCHEMA_VERSION, positions_schema, requests_schema
 
 from .reference_head import ReferenceHead
 
@@ -394,7 +394,7 @@ def test_recorded_with_a_new_sampler_defines_it_and_stores_it_in_run_json(tiny_c
 def replay_peak_rss(model, tmp_path, tokens: int, completion: int, vocab: int = 248_320) -> int:
     """Peak RSS (bytes: the OS's own high-water mark, memory.run_measured) of a CLI replay of one token-level
     session of `tokens` random ids (the last `completion` scored)."""
-    from mtp_observe.memory import run_measured
+    from mtp_observe.run.memory import run_measured
 
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (tokens,), generator=gen).tolist()
@@ -479,9 +479,9 @@ def test_device_map_auto_gives_the_same_rows(tiny_checkpoint, tmp_path):
 
 
 def test_requests_that_share_a_prefix_give_the_same_rows_as_each_replayed_from_scratch(tiny_checkpoint, tiny_model):
-    from mtp_observe.pipeline import replay_request, replay_session, shared_prefix
-    from mtp_observe.rendering import Renderer
-    from mtp_observe.sessions import parse_record
+    from mtp_observe.run.pipeline import replay_request, replay_session, shared_prefix
+    from mtp_observe.sessions.reading import parse_record
+    from mtp_observe.sessions.rendering import Renderer
 
     session = parse_record(SESSION, path="x", line=1, index=0, stem="x")
     requests = Renderer.from_model_dir(tiny_checkpoint).render(session).requests

@@ -20,16 +20,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from mtp_observe.errors import OptionError, RunDirectoryError
-from mtp_observe.metrics import (
-    Counts,
-    decode_walk,
-    engine_counted,
-    rates,
-    simulate_decode,
-    simulate_decode_reference,
-    visited_anchors_reference,
-)
-from mtp_observe.presentation import column_groups
 from mtp_observe.report import (
     compare,
     load_run,
@@ -40,7 +30,17 @@ from mtp_observe.report import (
     resolve_cost,
     summarize,
 )
-from mtp_observe.tables import SCHEMA_VERSION
+from mtp_observe.report.metrics import (
+    Counts,
+    decode_walk,
+    engine_counted,
+    rates,
+    simulate_decode,
+    simulate_decode_reference,
+    visited_anchors_reference,
+)
+from mtp_observe.report.presentation import column_groups
+from mtp_observe.run.tables import SCHEMA_VERSION
 
 from .handmade import HandSpan, hand_run_sessions, random_sessions, write_run
 
@@ -642,7 +642,7 @@ for argv in (["report", {str(hand_run)!r}, "--format", "json", "--probe", {str(p
         main(argv)
     except SystemExit as e:
         assert e.code == 0, e.code
-import mtp_observe.report, mtp_observe.presentation, mtp_observe.heatmap, mtp_observe.metrics
+import mtp_observe.report, mtp_observe.report.presentation, mtp_observe.report.heatmap, mtp_observe.report.metrics
 assert "torch" not in sys.modules and "transformers" not in sys.modules, "the report imported torch"
 print("no torch")
 """
@@ -658,7 +658,7 @@ print("no torch")
 def test_the_heatmap_colours_each_token_by_the_accepted_length_at_its_anchor(runs, tiny_checkpoint):
     from tokenizers import Tokenizer
 
-    from mtp_observe.heatmap import session_view
+    from mtp_observe.report.heatmap import session_view
 
     from .handmade import token
 
@@ -683,7 +683,7 @@ def test_the_heatmap_colours_each_token_by_the_accepted_length_at_its_anchor(run
 
 
 def test_the_heatmap_page_is_standalone_and_escaped(runs, tiny_checkpoint, tmp_path):
-    from mtp_observe.heatmap import colour, html_page, session_view
+    from mtp_observe.report.heatmap import colour, html_page, session_view
 
     sessions = {"<b>&x": hand_run_sessions()["A"]}
     run = load_run(write_run(runs / "escaped", sessions, k=2, model_path=str(tiny_checkpoint)))
@@ -703,7 +703,7 @@ def test_the_heatmap_page_is_standalone_and_escaped(runs, tiny_checkpoint, tmp_p
 def test_without_the_model_directory_the_heatmap_shows_token_ids_and_says_so(hand_run):
     from rich.console import Console
 
-    from mtp_observe.heatmap import print_terminal, session_view
+    from mtp_observe.report.heatmap import print_terminal, session_view
 
     view = session_view(load_run(hand_run), "B")
     assert not view.decoded and "showing token ids" in view.note
@@ -724,7 +724,7 @@ def test_report_option_mistakes_are_one_line(hand_run, tmp_path):
 def test_tokens_that_split_a_utf8_character_are_shown_together(tiny_checkpoint):
     from tokenizers import Tokenizer
 
-    from mtp_observe.heatmap import decode_pieces
+    from mtp_observe.report.heatmap import decode_pieces
 
     tokenizer = Tokenizer.from_file(str(tiny_checkpoint / "tokenizer.json"))
     text = "check ✓ café 日本 done"
@@ -742,7 +742,7 @@ def test_on_a_long_on_policy_run_of_a_tiny_model_tau_and_tau_sim_agree_within_2_
     trained model acceptance comes in runs and they do not: docs/report.md, "Why τ(K) and τ_sim(K) differ".)"""
     import torch
 
-    from mtp_observe.pipeline import ReplayOptions, load_model, replay
+    from mtp_observe.run.pipeline import ReplayOptions, load_model, replay
 
     model_dir = make_checkpoint(vocab_size=8, tokenizer_vocab=300, shards=1)
     model = load_model(model_dir)

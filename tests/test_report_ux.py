@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from mtp_observe.heatmap import print_terminal, session_view
-from mtp_observe.presentation import print_rich
 from mtp_observe.report import load_run, resolve_cost, summarize
+from mtp_observe.report.heatmap import print_terminal, session_view
+from mtp_observe.report.presentation import print_rich
 
 from .fuzzing import run_cli
 from .handmade import hand_run_sessions, write_run
@@ -50,7 +50,7 @@ def test_heatmap_with_a_report_option_prints_the_report_and_then_the_session(han
 
 
 def test_on_an_80_column_terminal_prose_wraps_between_words_never_inside_one(hand):
-    from mtp_observe.presentation import blocks
+    from mtp_observe.report.presentation import blocks
 
     run = load_run(hand)
     report = summarize(run, resolve_cost(run), replicates=50, seed=0)

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 import torch
 
-from mtp_observe.cost import ExpertCounts
-from mtp_observe.pipeline import ReplayOptions, load_model, replay
-from mtp_observe.routing import RouterRecorder, window_hits
-from mtp_observe.target import prefill
+from mtp_observe.cost.roofline import ExpertCounts
+from mtp_observe.model.routing import RouterRecorder, window_hits
+from mtp_observe.model.target import prefill
+from mtp_observe.run.pipeline import ReplayOptions, load_model, replay
 
 from .test_replay import SESSION, write_sessions
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from mtp_observe.pipeline import ReplayOptions, replay
+from mtp_observe.run.pipeline import ReplayOptions, replay
 
 from .test_importers import claude_code_events
 from .test_replay import SESSION, run_cli, write_sessions
@@ -129,7 +129,7 @@ def test_overwrite_refuses_anything_this_tool_did_not_write_before_deleting_anyt
     plant(run)
     before = tree(run)
     from mtp_observe.errors import RunDirectoryError
-    from mtp_observe.tables import prepare_run_directory
+    from mtp_observe.run.tables import prepare_run_directory
 
     with pytest.raises(RunDirectoryError, match="refusing") as e:
         prepare_run_directory(run, resume=False, overwrite=True)
@@ -138,7 +138,7 @@ def test_overwrite_refuses_anything_this_tool_did_not_write_before_deleting_anyt
 
 
 def test_overwrite_removes_exactly_the_runs_own_entries_and_its_temporaries(finished_run, tmp_path):
-    from mtp_observe.tables import prepare_run_directory
+    from mtp_observe.run.tables import prepare_run_directory
 
     run = copy_run(finished_run, tmp_path / "run")
     (run / "positions.parquet" / ".part-00000001.parquet.tmp-123").write_bytes(b"half")
@@ -166,7 +166,7 @@ def test_an_out_given_through_a_symlink_is_resolved_and_said_and_the_link_is_kep
 HOLD = """
 import sys, time
 from pathlib import Path
-from mtp_observe.pipeline import Observer, ReplayOptions, replay
+from mtp_observe.run.pipeline import Observer, ReplayOptions, replay
 
 sessions, model, out, ready, go = sys.argv[1:6]
 
@@ -343,8 +343,8 @@ def test_a_write_the_os_refuses_mid_run_is_one_line_and_the_run_resumes_to_the_s
 
 def test_a_full_disk_while_writing_the_manifest_is_one_line_and_keeps_the_run_resumable(tiny_checkpoint, tmp_path, monkeypatch):
     """ENOSPC itself, by monkeypatching the manifest writer to fail as a full disk does on its last write."""
-    from mtp_observe import tables
     from mtp_observe.errors import RunDirectoryError
+    from mtp_observe.run import tables
 
     sessions = write_sessions(tmp_path / "s.jsonl", [SESSION, dict(SESSION, id="two")])
     real = tables.write_json_atomic
@@ -442,7 +442,7 @@ def test_a_run_directory_whose_run_json_was_deleted_is_one_line_everywhere(tiny_
 def test_the_sampled_fingerprint_reads_every_tensor_and_catches_a_retrained_head(make_checkpoint, tmp_path):
     import shutil
 
-    from mtp_observe.checkpoint import read_checkpoint, weights_fingerprint
+    from mtp_observe.model.checkpoint import read_checkpoint, weights_fingerprint
 
     a = make_checkpoint()
     b = tmp_path / "b"
@@ -475,7 +475,7 @@ def test_the_fingerprint_of_a_60_gb_checkpoint_reads_a_few_tens_of_megabytes(tmp
         from fingerprint_bench import sparse_checkpoint
     finally:
         sys.path.pop(0)
-    from mtp_observe.checkpoint import sampled_fingerprint_of_files
+    from mtp_observe.model.checkpoint import sampled_fingerprint_of_files
 
     files = sparse_checkpoint(tmp_path, total_bytes=60 * 10**9, shards=25, tensors=1500)
     result = sampled_fingerprint_of_files(files)

@@ -2,7 +2,7 @@
 
 `vllm_sampler` below is vLLM's code path written out over the whole vocabulary in float64
 (apply_penalties, the temperature, the min-p processor, apply_top_k_top_p's ascending sort and masks),
-sharing nothing with mtp_observe.target; the hand-computed cases pin the penalties to numbers.
+sharing nothing with mtp_observe.model.target; the hand-computed cases pin the penalties to numbers.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from mtp_observe.target import (
+from mtp_observe.model.target import (
     BUILTIN_PROFILES,
     VLLM_DEFAULTS,
     Distribution,
@@ -265,7 +265,7 @@ def test_sampling_params_from_a_log_fill_missing_keys_and_are_checked_as_vllm_ch
 
 
 def test_the_generation_config_sampler_is_what_vllm_reads_from_the_checkpoint(tmp_path):
-    from mtp_observe.pipeline import default_model_dir
+    from mtp_observe.run.pipeline import default_model_dir
 
     bundled = generation_config_profile(default_model_dir())
     assert bundled is not None and (bundled.temperature, bundled.top_p, bundled.top_k) == (0.6, 0.95, 20)
@@ -282,7 +282,7 @@ def test_a_dense_distribution_puts_each_kept_probability_at_its_token():
 
 
 def test_the_penalised_ranking_from_the_raw_one_is_the_top_of_the_penalised_logits():
-    from mtp_observe.target import penalised, penalised_ranking
+    from mtp_observe.model.target import penalised, penalised_ranking
 
     gen = torch.Generator().manual_seed(5)
     c, V = 40, 500

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 
 from mtp_observe.errors import InputError
-from mtp_observe.importers import import_files
-from mtp_observe.pipeline import ReplayOptions, replay
 from mtp_observe.report import load_run, read_and_summarize
-from mtp_observe.sessions import Session, Skipped, read_sessions
+from mtp_observe.run.pipeline import ReplayOptions, replay
+from mtp_observe.sessions.importers import import_files
+from mtp_observe.sessions.reading import Session, Skipped, read_sessions
 
 from .test_importers import claude_code_events
 from .test_replay import SESSION, run_cli, write_sessions
@@ -47,7 +47,7 @@ def test_two_files_named_sessions_jsonl_in_different_folders_replay_and_report_a
 
 
 def test_default_ids_use_the_shortest_trailing_path_that_tells_the_inputs_apart(tmp_path):
-    from mtp_observe.sessions import path_labels
+    from mtp_observe.sessions.reading import path_labels
 
     paths = [tmp_path / "a" / "x" / "s.jsonl", tmp_path / "b" / "x" / "s.jsonl", tmp_path / "c" / "t.jsonl",
              tmp_path / "c" / "t.json"]

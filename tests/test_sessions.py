@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from mtp_observe.importers import Options, tau2_bench, tau_bench
-from mtp_observe.importers.common import Source
-from mtp_observe.rendering import SEGMENTS, Renderer
-from mtp_observe.sessions import Session, Skipped, read_sessions
+from mtp_observe.sessions.importers import Options, tau2_bench, tau_bench
+from mtp_observe.sessions.importers.common import Source
+from mtp_observe.sessions.reading import Session, Skipped, read_sessions
+from mtp_observe.sessions.rendering import SEGMENTS, Renderer
 
 from .conftest import SESSIONS_PUBLIC
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from mtp_observe.errors import OptionError
-from mtp_observe.pipeline import default_model_dir
-from mtp_observe.rendering import Renderer
-from mtp_observe.sessions import read_sessions
-from mtp_observe.shards import Shard, balance, input_set, parse_shard, plan_shard, session_key, shard_of
+from mtp_observe.run.pipeline import default_model_dir
+from mtp_observe.run.shards import Shard, balance, input_set, parse_shard, plan_shard, session_key, shard_of
+from mtp_observe.sessions.reading import read_sessions
+from mtp_observe.sessions.rendering import Renderer
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = sorted((ROOT / "sessions").glob("*.jsonl"))
@@ -101,7 +101,7 @@ def test_the_tokens_rule_balances_the_demo_and_plans_what_it_owns_in_input_order
 
 
 def test_generate_shards_together_are_the_whole_output_and_each_record_names_its_shard(tiny_checkpoint, tmp_path):
-    from mtp_observe.generation import GenerateOptions, generate
+    from mtp_observe.run.generation import GenerateOptions, generate
 
     from .test_generation import SESSIONS
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from mtp_observe.pipeline import ReplayOptions, replay
+from mtp_observe.run.pipeline import ReplayOptions, replay
 
 from .reference_head import ReferenceHead
 from .test_replay import write_sessions
@@ -43,9 +43,9 @@ def greedy_speculative_decode(target, head: ReferenceHead, prompt: list[int], k:
 
 
 def test_replay_equals_a_real_draft_and_verify_loop_at_every_verify_step(tmp_path):
-    from mtp_observe.pipeline import default_model_dir, load_model
-    from mtp_observe.rendering import Renderer
-    from mtp_observe.sessions import read_sessions
+    from mtp_observe.run.pipeline import default_model_dir, load_model
+    from mtp_observe.sessions.reading import read_sessions
+    from mtp_observe.sessions.rendering import Renderer
 
     model_dir = default_model_dir()  # a trained head, so accepted lengths vary
     model = load_model(model_dir, dtype=torch.float64)

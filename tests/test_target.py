@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mtp_observe.target import prefill_hidden
+from mtp_observe.model.target import prefill_hidden
 
 
 @pytest.mark.parametrize("chunk_size", [1, 7, 37, 64, 100])
@@ -21,7 +21,7 @@ def test_chunked_prefill_equals_whole_prefill_across_linear_and_full_attention_l
 
 
 def test_a_prefill_resumed_from_a_kept_prefix_equals_one_from_scratch(tiny_model):
-    from mtp_observe.target import prefill
+    from mtp_observe.model.target import prefill
 
     model = tiny_model.target
     ids = torch.randint(0, 990, (150,), generator=torch.Generator().manual_seed(6))

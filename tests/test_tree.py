@@ -7,10 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from mtp_observe.errors import OptionError
-from mtp_observe.target import prefill_hidden
-from mtp_observe.tree import Grown, expand, grow, parse_tree, select, stable_topk
-from mtp_observe.tree_acceptance import (
+from mtp_observe.drafting.tree import Grown, expand, grow, parse_tree, select, stable_topk
+from mtp_observe.drafting.tree_acceptance import (
     KEPT,
     NOT_EXPANDED,
     NOT_PROPOSED,
@@ -23,6 +21,8 @@ from mtp_observe.tree_acceptance import (
     verify_greedy,
     verify_sampled,
 )
+from mtp_observe.errors import OptionError
+from mtp_observe.model.target import prefill_hidden
 
 from .head_checks import reference
 from .reference_tree import CORRECT_TREE, TreeReading, reference_grow, reference_select

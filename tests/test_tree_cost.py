@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mtp_observe.cost import (
+from mtp_observe.cost.roofline import (
     DEVICES,
     StepTimes,
     batch1_times,
@@ -17,13 +17,13 @@ from mtp_observe.cost import (
     tree_denominator,
     tree_speedup,
 )
-from mtp_observe.denominator import CostTable
 from mtp_observe.report import tree_cost
+from mtp_observe.report.denominator import CostTable
 
 
 @pytest.fixture(scope="module")
 def geometry(tiny_checkpoint):
-    from mtp_observe.checkpoint import read_checkpoint
+    from mtp_observe.model.checkpoint import read_checkpoint
 
     return geometry_of_checkpoint(read_checkpoint(tiny_checkpoint))
 
@@ -60,8 +60,8 @@ def test_without_a_measured_frontier_step_it_is_interpolated_at_batch_b_times_to
 
 
 def test_a_probe_with_trees_times_a_verify_of_t_tokens_and_a_frontier_step_and_the_report_charges_them(tiny_checkpoint):
-    from mtp_observe.probe import probe, probe_json
-    from mtp_observe.tree import parse_tree
+    from mtp_observe.cost.probe import probe, probe_json
+    from mtp_observe.drafting.tree import parse_tree
 
     data = probe_json(probe(tiny_checkpoint, context=24, k=2, device="cpu", repeats=2, warmup=1, batch=(2,),
                             trees=(parse_tree("3,2,6"),)))
@@ -84,8 +84,8 @@ def test_a_probe_with_trees_times_a_verify_of_t_tokens_and_a_frontier_step_and_t
 
 
 def test_a_head_of_several_layers_is_charged_one_layer_per_draft_step(make_checkpoint):
-    from mtp_observe.checkpoint import read_checkpoint
-    from mtp_observe.inventory import take_inventory
+    from mtp_observe.cost.inventory import take_inventory
+    from mtp_observe.model.checkpoint import read_checkpoint
 
     one, three = (read_checkpoint(make_checkpoint(mtp_layers=n)) for n in (1, 3))
     assert geometry_of_checkpoint(three).head_dense_bytes == geometry_of_checkpoint(one).head_dense_bytes

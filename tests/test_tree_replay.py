@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 import torch
 
-from mtp_observe.metrics import simulate_decode
-from mtp_observe.pipeline import ReplayOptions, default_model_dir, load_model, replay
+from mtp_observe.drafting.tree import parse_tree
+from mtp_observe.model.target import BUILTIN_PROFILES, prefill_hidden
 from mtp_observe.report import load_run, read_and_summarize, report_json
-from mtp_observe.target import BUILTIN_PROFILES, prefill_hidden
-from mtp_observe.tree import parse_tree
+from mtp_observe.report.metrics import simulate_decode
+from mtp_observe.run.pipeline import ReplayOptions, default_model_dir, load_model, replay
 
 from .fuzzing import run_cli
 from .test_replay import SESSION, write_sessions
@@ -33,8 +33,8 @@ N_NEW = 40
 
 
 def _prompts(n: int):
-    from mtp_observe.rendering import Renderer
-    from mtp_observe.sessions import read_sessions
+    from mtp_observe.sessions.reading import read_sessions
+    from mtp_observe.sessions.rendering import Renderer
 
     renderer = Renderer.from_model_dir(default_model_dir())
     session = next(iter(read_sessions([ROOT / "sessions" / "coding.jsonl"])))
@@ -116,8 +116,8 @@ def test_a_topk_1_tree_has_the_chains_rows_and_speedup_at_every_anchor(tree_run)
 
 
 def test_tree_rows_follow_the_recorded_tokens_down_a_tree_grown_at_each_anchor(tree_run, bundled):
-    from mtp_observe.tree import grow, select
-    from mtp_observe.tree_acceptance import explicit_tree
+    from mtp_observe.drafting.tree import grow, select
+    from mtp_observe.drafting.tree_acceptance import explicit_tree
 
     rows = pd.read_parquet(tree_run / "positions.parquet")
     head = bundled.head
@@ -203,7 +203,7 @@ def test_the_report_json_and_tables_carry_every_tree_beside_the_chain(ten_sessio
     assert [c["batch"] for c in doc["configurations"]] == doc["batch"]["batch_sizes"]
     assert doc["layer_rules"] == []  # a one-layer head
     assert doc["verdict"]["k"] == reading.report.verdict.k  # the verdict is the chain's
-    from mtp_observe.presentation import report_tables
+    from mtp_observe.report.presentation import report_tables
 
     titles = [t.title for t in report_tables(reading.report)]
     assert any(t.startswith("what-if: SGLang tree drafts") for t in titles)
@@ -282,8 +282,8 @@ def test_a_resumed_run_with_trees_equals_an_uninterrupted_one_and_refuses_other_
     import shutil
 
     from mtp_observe.errors import RunDirectoryError
-    from mtp_observe.manifest import row_draft_ks
-    from mtp_observe.parts import finished_sessions
+    from mtp_observe.run.manifest import row_draft_ks
+    from mtp_observe.run.parts import finished_sessions
 
     sessions = write_sessions(tmp_path / "s.jsonl", [SESSION, {**SESSION, "id": "two"}])
     trees = (parse_tree("2,2,4"), parse_tree("2,1,3"))

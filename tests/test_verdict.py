@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtp_observe.pipeline import ReplayOptions, default_model_dir, load_model, replay
+from mtp_observe.model.target import BUILTIN_PROFILES
 from mtp_observe.report import load_run, resolve_cost, summarize
-from mtp_observe.target import BUILTIN_PROFILES
+from mtp_observe.run.pipeline import ReplayOptions, default_model_dir, load_model, replay
 
 from .speculative_loop import ServedHead, speculative_sampling, tokens_per_step
 
@@ -31,8 +31,8 @@ PROFILES = {p.name: p for p in BUILTIN_PROFILES}
 
 def _prompts():
     """Five prompts (each assistant turn's prompt of the first two requests) from each of two demo sessions."""
-    from mtp_observe.rendering import Renderer
-    from mtp_observe.sessions import read_sessions
+    from mtp_observe.sessions.reading import read_sessions
+    from mtp_observe.sessions.rendering import Renderer
 
     renderer = Renderer.from_model_dir(default_model_dir())
     out = []

@@ -16,12 +16,12 @@ import pandas as pd
 import pytest
 import torch
 
-from mtp_observe import precisions
-from mtp_observe.mtp import draft_confidence
-from mtp_observe.pipeline import ReplayOptions, load_model, replay
+from mtp_observe.model import precisions
+from mtp_observe.model.mtp import draft_confidence
+from mtp_observe.model.synthetic import write_fp8_copy
 from mtp_observe.report import load_run, read_and_summarize, report_json, simulated_walks, summarize
 from mtp_observe.report.whatifs import drafted_lengths, stopped_speedup, stopped_walks
-from mtp_observe.synthetic import write_fp8_copy
+from mtp_observe.run.pipeline import ReplayOptions, load_model, replay
 
 from .fuzzing import run_cli
 from .test_replay import SESSION, write_sessions
@@ -88,7 +88,7 @@ def test_the_bf16_what_if_of_a_float32_checkpoint_rounds_its_weights(tiny_checkp
 
 
 def test_the_fp8_what_if_is_an_fp8_checkpoints_head_read_through_the_fp8_loader(runs):
-    from mtp_observe.checkpoint import read_checkpoint
+    from mtp_observe.model.checkpoint import read_checkpoint
 
     info = read_checkpoint(runs["fp8"])
     fp8 = [n for n, e in info.tensors.items() if e.dtype == "F8_E4M3"]
@@ -132,7 +132,7 @@ def test_nvfp4_modules_serving_fuses_share_one_global_scale(tiny_model):
                           False)
     tensors = head.named_weights()
     out = precisions.quantised_tensors(tensors, r)
-    from mtp_observe.quantisers import round_trip
+    from mtp_observe.model.quantisers import round_trip
 
     q, k, v = (tensors[f"layers.0.self_attn.{n}_proj.weight"] for n in "qkv")
     shared = torch.stack([q.abs().amax(), k.abs().amax(), v.abs().amax()]).amax()
@@ -159,7 +159,7 @@ def test_a_precision_llama_quantize_cannot_write_is_one_line_and_exit_2(runs, tm
 
 
 def test_a_resumed_what_if_run_counts_every_precisions_rows_as_whole(runs):
-    from mtp_observe import parts, tables
+    from mtp_observe.run import parts, tables
 
     (name,) = tables.done_parts(runs["whatif"])
     sessions, why = parts.read_part(runs["whatif"], name, 2, [2] * 4)  # the served head's rows and three precisions'
@@ -319,7 +319,7 @@ def greedy_completion(target, prompt: list[int], n_new: int) -> list[int]:
     """The target's own greedy continuation (transformers' cache, one token a step)."""
     from transformers import DynamicCache
 
-    from mtp_observe.target import _cache_kwarg
+    from mtp_observe.model.target import _cache_kwarg
 
     cache, x = DynamicCache(config=target.config), list(prompt)
     with torch.no_grad():
@@ -334,9 +334,9 @@ def greedy_completion(target, prompt: list[int], n_new: int) -> list[int]:
 @pytest.fixture(scope="module")
 def greedy_run(tmp_path_factory):
     """The bundled (trained) model's own greedy completion of a demo prompt, replayed in float64 with a threshold."""
-    from mtp_observe.pipeline import default_model_dir
-    from mtp_observe.rendering import Renderer
-    from mtp_observe.sessions import read_sessions
+    from mtp_observe.run.pipeline import default_model_dir
+    from mtp_observe.sessions.reading import read_sessions
+    from mtp_observe.sessions.rendering import Renderer
 
     from .reference_head import ReferenceHead
 
@@ -400,7 +400,7 @@ def test_comparing_the_wrong_probability_walks_another_decode(runs):
                                           (dict(mtp_layers=2, dtype="bfloat16"), "vllm")],
                          ids=["deepseek_v3", "glm4_moe_sglang", "two_layers"])
 def test_each_precision_rebuilds_a_head_of_the_served_heads_family_layers_and_reading(make_checkpoint, spec, engine):
-    from mtp_observe.target import prefill_hidden
+    from mtp_observe.model.target import prefill_hidden
 
     model = load_model(make_checkpoint(**spec), head_engine=engine)
     head, g = model.head, model.info.geometry
@@ -428,7 +428,7 @@ def test_each_precision_rebuilds_a_head_of_the_served_heads_family_layers_and_re
 
 def test_the_precision_rows_sit_beside_ngram_trees_and_the_stepwise_rule_and_leave_their_rows_unchanged(make_checkpoint,
                                                                                                       tmp_path):
-    from mtp_observe.tree import parse_tree
+    from mtp_observe.drafting.tree import parse_tree
 
     model = make_checkpoint(mtp_layers=2, dtype="bfloat16")  # two layers: the stepwise rule's rows too
     files = [sessions_file(tmp_path, 2)]

@@ -3,7 +3,7 @@ target with SGLang's tree speculative sampling, written from the kernel (sglang 
 sgl_kernel/speculative/sampling.cuh TreeSpeculativeSamplingTargetOnly, thresholds 1 and 1).
 
 At anchor p (the target has just emitted x_p): the head's row pass over the committed tokens, then the tree at p
-(mtp_observe.tree.grow / select: the drafting under test is the product's, as the chain loop drafts with the
+(mtp_observe.drafting.tree.grow / select: the drafting under test is the product's, as the chain loop drafts with the
 served head); the target runs x_p and each root-to-leaf path on a copy of its cache of the committed tokens (one
 forward per leaf, so a node's q is the target's distribution after exactly its path: tree attention for the
 full-attention layers, and the only right reading for the linear-attention ones, whose state cannot branch); then, from the root, one coin per node and the children in
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from mtp_observe.tree import grow, select
+from mtp_observe.drafting.tree import grow, select
 
 from .test_sampler import vllm_sampler
 
@@ -34,7 +34,7 @@ def tree_speculative(target, head, prompt: list[int], profile, S: int, K: int, T
 
     from transformers import DynamicCache
 
-    from mtp_observe.target import _cache_kwarg
+    from mtp_observe.model.target import _cache_kwarg
 
     kw = _cache_kwarg(target.model)
 

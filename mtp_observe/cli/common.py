@@ -89,8 +89,8 @@ SEGMENT_STYLES = {"reasoning": "magenta", "text": "green", "tool_call": "cyan", 
 def _model_dir(model: Optional[Path]) -> Path:
     """--model (a directory, or a hub id in the local cache), or the bundled model, said on stdout (stderr is
     kept for the error line of a failure)."""
-    from ..hub import resolve_model
-    from ..pipeline import default_model_dir
+    from ..model.hub import resolve_model
+    from ..run.pipeline import default_model_dir
 
     if model is not None:
         return resolve_model(model, "--model")
@@ -108,7 +108,7 @@ TemplateKwargsOption = Annotated[Optional[str], typer.Option(
 
 def _template_overrides(chat_template: Optional[Path], template_kwargs: Optional[str]):
     """--chat-template and --template-kwargs, checked once (rendering.template_overrides)."""
-    from ..rendering import template_overrides
+    from ..sessions.rendering import template_overrides
 
     return template_overrides(chat_template, template_kwargs)
 
@@ -120,7 +120,7 @@ def _check_on_error(on_error: str) -> None:
 
 def shard_options(shard: Optional[str], shard_by: str, command: str = "replay"):
     """--shard I/N and --shard-by -> shards.Shard (None without --shard)."""
-    from ..shards import parse_shard
+    from ..run.shards import parse_shard
 
     if shard is None:
         if shard_by != "id":
@@ -192,7 +192,7 @@ def _quiet_libraries() -> None:
     for the replay's summary to say once (kernels.py); Python warnings (torch's UserWarnings) are ignored."""
     import warnings
 
-    from ..kernels import capture
+    from ..model.kernels import capture
 
     os.environ["TRANSFORMERS_VERBOSITY"] = "error"
     if "transformers" in sys.modules:

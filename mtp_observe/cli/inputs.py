@@ -44,10 +44,10 @@ def sessions(
     from rich.measure import Measurement
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from ..checkpoint import read_checkpoint
-    from ..estimate import ReplayWork, estimate_line, replay_work, survey_estimates, turn_shapes
-    from ..rendering import SEGMENTS, RenderedSession, Renderer, survey
-    from ..sessions import check_inputs
+    from ..model.checkpoint import read_checkpoint
+    from ..run.estimate import ReplayWork, estimate_line, replay_work, survey_estimates, turn_shapes
+    from ..sessions.reading import check_inputs
+    from ..sessions.rendering import SEGMENTS, RenderedSession, Renderer, survey
 
     _check_on_error(on_error)
     check_inputs(files)
@@ -110,8 +110,8 @@ def sessions(
 def _show_session(files, renderer, session_id: str, on_error: str) -> None:
     from rich.text import Text
 
-    from ..rendering import SEGMENTS
-    from ..sessions import Skipped, read_sessions
+    from ..sessions.reading import Skipped, read_sessions
+    from ..sessions.rendering import SEGMENTS
 
     for item in read_sessions(files, on_error=on_error):
         if isinstance(item, Skipped) or item.id != session_id:
@@ -166,9 +166,9 @@ def generate(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the estimate of the work (prompt tokens, tokens to generate, a time range from a short calibration on the model) and exit, writing nothing.")] = False,
 ) -> None:
     """The target's own completion of every assistant turn, in the recorded contexts: token-level records for replay."""
-    from ..estimate import estimate_line
-    from ..generation import GenerateOptions, generate as run_generate, generate_estimate
-    from ..progress import GenerationCounter, ProgressDisplay, generation_lines
+    from ..run.estimate import estimate_line
+    from ..run.generation import GenerateOptions, generate as run_generate, generate_estimate
+    from ..run.progress import GenerationCounter, ProgressDisplay, generation_lines
 
     _check_on_error(on_error)
     shard_spec = shard_options(shard, shard_by, "generate")
@@ -224,7 +224,7 @@ def import_(
     on_error: Annotated[OnError, typer.Option("--on-error", help="fail: stop at the first bad record and write nothing; skip: warn, count it and go on.")] = "fail",
 ) -> None:
     """Convert real agent logs to canonical session JSONL (one session per line), validated."""
-    from ..importers import FORMATS, OPTIONS_READ, Options, import_files
+    from ..sessions.importers import FORMATS, OPTIONS_READ, Options, import_files
 
     if fmt != "auto" and fmt not in FORMATS:
         raise OptionError(f"FORMAT {fmt}: expected one of {', '.join(FORMATS)} or auto")

@@ -18,7 +18,7 @@ def merge(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the run in --out.")] = False,
 ) -> None:
     """Check the shard runs of one job (same model, options and inputs; every shard and session once) and join them into one run; parts are linked, not rewritten."""
-    from ..merge import merge_runs
+    from ..run.merge import merge_runs
 
     summary = merge_runs(shards, out_dir, allow_partial=allow_partial, overwrite=overwrite)
     parts = f"{summary.linked:,} part files linked" + (f", {summary.copied:,} copied" if summary.copied else "")

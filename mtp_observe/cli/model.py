@@ -27,9 +27,9 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Emit the numbers as JSON.")] = False,
 ) -> None:
     """What the head is: tensors, shapes, bytes, borrowed weights, draft-cost roofline (headers only)."""
-    from ..checkpoint import read_checkpoint
-    from ..hub import resolve_model
-    from ..inventory import PRECISIONS, inventory_json, take_inventory
+    from ..cost.inventory import PRECISIONS, inventory_json, take_inventory
+    from ..model.checkpoint import read_checkpoint
+    from ..model.hub import resolve_model
 
     inv = take_inventory(read_checkpoint(resolve_model(model, "MODEL")))
     if as_json:
@@ -114,11 +114,11 @@ def probe(
     tree: Annotated[Optional[list[str]], typer.Option("--tree", metavar="S,TOPK,T", help="Also time what this SGLang tree pays (repeatable): a verify of T tokens and a draft step over TOPK tokens per sequence.")] = None,
 ) -> None:
     """Measured cost of one draft step, one target decode step and one verify of K+1 tokens, per batch size."""
-    from ..cost import parse_batches
-    from ..hub import resolve_model
-    from ..probe import CPU_NOTE, probe as measure, probe_json
-    from ..tables import write_json_atomic
-    from ..tree import parse_tree
+    from ..cost.probe import CPU_NOTE, probe as measure, probe_json
+    from ..cost.roofline import parse_batches
+    from ..drafting.tree import parse_tree
+    from ..model.hub import resolve_model
+    from ..run.tables import write_json_atomic
 
     sizes = parse_batches(batch, "--batch")
     trees = tuple(parse_tree(spec) for spec in tree or [])

@@ -59,10 +59,10 @@ def report(
                                                      "roofline (default: the run's mean anchor position).")] = None,
 ) -> None:
     """Acceptance, projected speedup and a go/no-go verdict for a run directory (imports no torch)."""
-    from ..cost import parse_batches
-    from ..plotting import plot as draw
-    from ..presentation import markdown, print_rich
+    from ..cost.roofline import parse_batches
     from ..report import parse_gate, read_and_summarize, report_json
+    from ..report.plotting import plot as draw
+    from ..report.presentation import markdown, print_rich
 
     report_too = heatmap is None or fmt is not None or any(x is not None for x in (gate, plot, baseline, probe, draft_cost))
     fmt = fmt or "table"
@@ -76,8 +76,8 @@ def report(
         raise OptionError(f"--heatmap prints to the terminal, which --format {fmt} keeps for the report: add --html FILE")
     loaded, view = None, None
     if heatmap is not None:  # the id is checked before any computing, and the heatmap alone is all that is shown
-        from ..heatmap import session_view
         from ..report import load_run, newest_run
+        from ..report.heatmap import session_view
 
         loaded = load_run(run if run is not None else newest_run("reports"), drafter)
         view = session_view(loaded, heatmap)
@@ -106,7 +106,7 @@ def report(
 
 def _show_heatmap(view, html: Optional[Path]) -> None:
     """The --heatmap session on the terminal, or as the --html page."""
-    from ..heatmap import html_page, print_terminal
+    from ..report.heatmap import html_page, print_terminal
 
     if html is not None:
         write_output(html, "--html", lambda p: p.write_text(html_page(view), encoding="utf-8"))
@@ -143,7 +143,7 @@ def export(
     SGLang's and TensorRT-LLM's simulated acceptance, Model-Optimizer's speculation_profile.json, AIConfigurator's
     nextn. It follows the verdict (said on stderr): a run that is not GO at a K that pays is refused with exit 1
     unless --force (imports no torch)."""
-    from ..engines import ENGINES, VLLM_DRAFTERS, export as render, export_plan
+    from ..engines.exports import ENGINES, VLLM_DRAFTERS, export as render, export_plan
     from ..report import parse_gate, read_and_summarize
 
     if engine not in ENGINES:
@@ -210,8 +210,8 @@ def compare(
 ) -> None:
     """The engine's own acceptance counters against the run: exit 0 when they agree, 1 when not. It opens with the
     run's verdict, judged with the options that shape it (as report's)."""
-    from ..engine_check import check
-    from ..engines import read_engine_metrics
+    from ..engines.check import check
+    from ..engines.exports import read_engine_metrics
     from ..errors import EngineMetricsError
     from ..report import parse_gate, read_and_summarize
 

@@ -39,7 +39,7 @@ def _parse_sampling(specs: list[str], recorded_with: Optional[str] = None):
 
     The profiles are the built-in ones and the checkpoint's generation_config (added by the replay),
     replaced or extended by --sampling; --recorded-with NAME=... adds (or replaces) one more."""
-    from ..target import profile_from_spec
+    from ..model.target import profile_from_spec
 
     profiles = {}
     declared = None
@@ -59,7 +59,7 @@ def _parse_sampling(specs: list[str], recorded_with: Optional[str] = None):
 def _parse_ngram(text: Optional[str], runner: str = "v2"):
     """--ngram MIN,MAX (or N for both) and --ngram-runner -> drafters.ngram.NgramConfig, vLLM's resolution of
     the two bounds."""
-    from ..drafters.ngram import ngram_config
+    from ..drafting.drafters.ngram import ngram_config
 
     if text is None:
         return ngram_config(runner=runner)
@@ -72,7 +72,7 @@ def _parse_ngram(text: Optional[str], runner: str = "v2"):
 
 def _parse_trees(specs: list[str]) -> tuple:
     """--tree S,TOPK,T (repeatable) -> tree.TreeConfig's in the order given; a configuration named twice is refused."""
-    from ..tree import MAX_TREES, parse_tree
+    from ..drafting.tree import MAX_TREES, parse_tree
 
     trees = tuple(parse_tree(spec) for spec in specs)
     names = [t.name for t in trees]
@@ -86,7 +86,7 @@ def _parse_trees(specs: list[str]) -> tuple:
 
 def _parse_precisions(values: Optional[list[str]]) -> tuple:
     """--head-precision (repeatable, comma-separated) -> precision names, once each, in the order given."""
-    from ..precisions import parse_precisions
+    from ..model.precisions import parse_precisions
 
     return parse_precisions(",".join(values)) if values else ()
 
@@ -108,7 +108,7 @@ def _parse_thresholds(values: Optional[list[str]]) -> tuple:
 
 def _with_defaults(extra, model_dir: Path) -> tuple:
     """The default profiles, each replaced by an --sampling profile of the same name, then the new ones."""
-    from ..pipeline import default_profiles
+    from ..run.pipeline import default_profiles
 
     by_name = {p.name: p for p in default_profiles(model_dir)}
     by_name.update({p.name: p for p in extra})
@@ -156,12 +156,12 @@ def replay(
     draft_p_min: Annotated[Optional[list[str]], typer.Option("--draft-p-min", metavar="P,...", help="What-if: stop drafting where the head's probability of its draft (llama.cpp's: softmax over its top 10 logits) falls below each threshold, 0 to 1 (comma-separated, repeatable; docs/whatifs.md).")] = None,
 ) -> None:
     """Replay sessions through the target with the MTP head (and other drafters) alongside; write the run directory."""
-    from ..drafters.roster import NEEDS_MTP, parse_drafters
-    from ..drafters.suffix import SuffixConfig
-    from ..estimate import estimate_line
-    from ..manifest import default_run_dir
-    from ..pipeline import ReplayOptions, replay as run_replay, replay_estimate
-    from ..progress import ProgressDisplay
+    from ..drafting.drafters.roster import NEEDS_MTP, parse_drafters
+    from ..drafting.drafters.suffix import SuffixConfig
+    from ..run.estimate import estimate_line
+    from ..run.manifest import default_run_dir
+    from ..run.pipeline import ReplayOptions, replay as run_replay, replay_estimate
+    from ..run.progress import ProgressDisplay
 
     _check_on_error(on_error)
     if progress_every < 0:
@@ -175,7 +175,7 @@ def replay(
                                  max_spec_factor=suffix_max_spec_factor, max_spec_offset=suffix_max_spec_offset,
                                  min_token_prob=suffix_min_token_prob)
     model_free = not any(n in NEEDS_MTP for n in names)
-    from ..families import HEAD_ENGINES
+    from ..model.families import HEAD_ENGINES
 
     if head_reading not in HEAD_ENGINES:
         raise OptionError(f"--head-reading {head_reading}: expected one of {', '.join(HEAD_ENGINES)}")
@@ -223,14 +223,14 @@ def _ray_options(address: Optional[str], replicas: Optional[int], gpus: Optional
             if value is not None:
                 raise OptionError(f"{option} applies to a replay on Ray; add --ray local|auto|ray://HOST:PORT, or drop it")
         return None
-    from ..cluster import RayOptions, check_address
+    from ..run.cluster import RayOptions, check_address
 
     return RayOptions(address=check_address(address), replicas=replicas, gpus_per_replica=gpus)
 
 
 def _sessions_kept(run_dir: Path) -> int:
     """The sessions an interrupted replay left on disk, as its run.json counts them (parts.counts_on_disk)."""
-    from ..tables import read_manifest
+    from ..run.tables import read_manifest
 
     try:
         return int(read_manifest(run_dir).get("counts", {}).get("sessions_ok", 0))
@@ -241,7 +241,7 @@ def _sessions_kept(run_dir: Path) -> int:
 def _print_replay_summary(run_dir: Path) -> None:
     """One screen: what was replayed, α_k per depth, τ_sim(K) for each K, the recording sampler, where it went."""
     from ..report import drafter_cost, load_run, resolve_cost, run_drafters, summarize
-    from ..tables import read_manifest
+    from ..run.tables import read_manifest
 
     if len(run_drafters(read_manifest(run_dir))) > 1:
         _print_drafters_summary(run_dir)
@@ -274,7 +274,7 @@ def _print_replay_summary(run_dir: Path) -> None:
 
 def _kernel_note(manifest: dict) -> None:
     """transformers' kernel-fallback warnings, caught during the replay (kernels.py), said once in its summary."""
-    from ..kernels import fallback_note
+    from ..model.kernels import fallback_note
 
     note = fallback_note(str(manifest.get("device", "")))
     if note is not None:
@@ -303,7 +303,7 @@ def _print_drafters_summary(run_dir: Path) -> None:
     """The replay summary of a run of several drafters: τ_sim(K) of each (α_1 in its header), where it went. One
     drafter's rows are read at a time."""
     from ..report import load_run, model_free_cost, run_drafters, summarize
-    from ..tables import read_manifest
+    from ..run.tables import read_manifest
 
     m = read_manifest(run_dir)
     c = m["counts"]

@@ -16,14 +16,17 @@ Its stages, in the order the data flows (each module opens with its own contract
     reading      read_and_summarize(path, ...) -> Reading: all of the above, as `mtp-observe report` runs it
     document     report_json(report, comparison): the stable JSON (`--format json`, keys in docs/report-json.md)
 
-The speedup's denominator (--probe, --draft-cost, the roofline; per batch size) is mtp_observe.denominator,
+The speedup's denominator (--probe, --draft-cost, the roofline; per batch size) is mtp_observe.report.denominator,
 beside cost.py. Counts are taken here; rates are derived only in metrics.py; presenting lives in
 presentation.py and heatmap.py. Imports no torch: pandas, numpy and pyarrow only, so a CI job reads a run
 without the model stack. The names below are the package's public ones (the CLI, engines, presentation and
 the tests import them from here).
 """
 
-from ..denominator import (
+from ..run.tables import read_dataset
+from .advice import CAUSES, DEFAULT_MIN_SESSIONS, FLOOR_MIN_SESSIONS, Cause, Facts
+from .baseline import Comparison, Delta, compare
+from .denominator import (
     MODEL_FREE_DRAFTERS,
     PROBE_VERSION,
     Cost,
@@ -36,9 +39,6 @@ from ..denominator import (
     resolve_cost,
     verify_extra_from_probe,
 )
-from ..tables import read_dataset
-from .advice import CAUSES, DEFAULT_MIN_SESSIONS, FLOOR_MIN_SESSIONS, Cause, Facts
-from .baseline import Comparison, Delta, compare
 from .document import REPORT_VERSION, report_json
 from .drafters import DrafterSummary, Rank, rank_drafters, summarize_drafters
 from .reading import Reading, read_and_summarize

@@ -26,7 +26,7 @@ import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..metrics import MIN_SESSIONS_FOR_BOOTSTRAP, MIN_SESSIONS_FOR_VERDICT
+from .metrics import MIN_SESSIONS_FOR_BOOTSTRAP, MIN_SESSIONS_FOR_VERDICT
 
 if TYPE_CHECKING:
     from .run import Run

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..metrics import RATE_FIELDS, Rates, bootstrap_weights, percentile_interval, rates, stratified_weights
+from .metrics import RATE_FIELDS, Rates, bootstrap_weights, percentile_interval, rates, stratified_weights
 from .summary import Report
 from .tallies import Slice
 

@@ -12,9 +12,9 @@ import math
 
 import numpy as np
 
-from ..denominator import Cost
-from ..metrics import CALIBRATION_TOLERANCE, LL_FLOOR, Z_MAX, Rates
 from .baseline import Comparison, Delta
+from .denominator import Cost
+from .metrics import CALIBRATION_TOLERANCE, LL_FLOOR, Z_MAX, Rates
 from .summary import BatchSpeedup, Report
 from .tallies import Slice
 from .verdict import Candidate, RecordingSampler

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..denominator import MODEL_FREE_DRAFTERS, Cost, CostTable, drafter_table
-from ..metrics import percentile_interval
+from .denominator import MODEL_FREE_DRAFTERS, Cost, CostTable, drafter_table
+from .metrics import percentile_interval
 from .run import Run, load_run
 from .summary import Report, summarize
 from .tallies import Slice

@@ -12,14 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..cost import DEFAULT_BATCHES, parse_gated
-from ..denominator import _finite, cost_table, drafter_table
+from ..cost.roofline import DEFAULT_BATCHES, parse_gated
 from ..errors import OptionError
-from ..metrics import MIN_SUPPORT
-from ..tables import read_manifest
+from ..run.tables import read_manifest
 from .advice import DEFAULT_MIN_SESSIONS, FLOOR_MIN_SESSIONS
 from .baseline import Comparison, compare
+from .denominator import _finite, cost_table, drafter_table
 from .drafters import summarize_drafters
+from .metrics import MIN_SUPPORT
 from .run import Run, load_run, newest_run, run_drafters
 from .summary import Report, summarize, summarize_at_batch
 from .trees import summarize_trees

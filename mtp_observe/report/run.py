@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from ..errors import OptionError, RunDirectoryError
-from ..tables import PART, SEGMENTS, _run_error, count_rows, has_column, read_dataset, read_manifest
+from ..run.tables import PART, SEGMENTS, _run_error, count_rows, has_column, read_dataset, read_manifest
 
 FIT_STATS = ("support", "q", "q2", "var", "ll")
 # Rounding the replay can leave in a correct value: a float32 log-softmax of a near-certain token is
@@ -157,7 +157,7 @@ def _draft_ks(manifest: dict, drafter: str, k: int) -> tuple[int, ...]:
 def head_reading_note(manifest: dict, version: int) -> str | None:
     """For a NextN head (DeepSeek-V3, GLM-4.5), which engine's reading the run replayed, or that a run older than
     schema_version 3 recorded none; None for a Qwen head, which vLLM and SGLang read alike."""
-    from ..families import ENGINE_NAMES, FAMILIES
+    from ..model.families import ENGINE_NAMES, FAMILIES
 
     model_type = (manifest.get("model") or {}).get("model_type")
     if model_type not in FAMILIES or FAMILIES[model_type].head != "nextn" or manifest.get("target_ran") is False:

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..cost import StepTimes, batch_speedup, best_k, break_even, check_schedule, schedule
-from ..denominator import Cost, CostTable
+from ..cost.roofline import StepTimes, batch_speedup, best_k, break_even, check_schedule, schedule
 from ..errors import OptionError
-from ..metrics import MIN_SUPPORT, Counts, percentile_interval, rates, top_k
 from .advice import DEFAULT_MIN_SESSIONS, FLOOR_MIN_SESSIONS, Facts, facts_of
+from .denominator import Cost, CostTable
+from .metrics import MIN_SUPPORT, Counts, percentile_interval, rates, top_k
 from .run import Run
 from .tallies import (
     CONTEXT_BINS,

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..denominator import Cost
-from ..metrics import (
+from .denominator import Cost
+from .metrics import (
     MIN_SESSIONS_FOR_BOOTSTRAP,
     MIN_TURNS_FOR_BOOTSTRAP,
     RATE_FIELDS,

@@ -42,9 +42,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..cost import batch_speedup, best_k, tree_denominator, tree_speedup
-from ..denominator import Cost, CostTable
-from ..metrics import percentile_interval
+from ..cost.roofline import batch_speedup, best_k, tree_denominator, tree_speedup
+from .denominator import Cost, CostTable
+from .metrics import percentile_interval
 from .run import Run, load_run
 from .summary import Report, summarize
 from .tallies import Slice

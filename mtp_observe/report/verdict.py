@@ -28,11 +28,11 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..denominator import _finite
 from ..errors import OptionError
-from ..metrics import CALIBRATION_TOLERANCE, LL_FLOOR, Z_MAX, Rates, best_fit, fits
 from . import advice
 from .advice import DEFAULT_MIN_SESSIONS, Cause, Facts, candidate_stats
+from .denominator import _finite
+from .metrics import CALIBRATION_TOLERANCE, LL_FLOOR, Z_MAX, Rates, best_fit, fits
 from .run import Run
 
 if TYPE_CHECKING:

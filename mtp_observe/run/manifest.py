@@ -1,0 +1,311 @@
+"""The manifest: run.json's life — the run's identity, the directory checked and started, and the finished counts.
+
+Contract:
+    identity(info, files, opts, ...) -> dict
+                                     what a resumed run must share with the interrupted one for its rows to be the
+                                     same (tables.py); `resume_difference(identity, resumed)` says what differs
+    start_manifest(out, opts, info, identity, ...) -> dict
+                                     checks the run directory (fresh, --resume or --overwrite) and writes the
+                                     running manifest
+    finish_manifest(out, manifest, results, files)
+                                     every rank's counts and errors merged (COUNT_KEYS add, MAX_KEYS take the
+                                     maximum) into the final manifest: complete, or failed with the first failure
+
+`opts` is a pipeline.ReplayOptions; this module imports nothing from the pipeline, which imports it, and no torch
+at import (merge.py compares identities without it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import RunDirectoryError
+
+
+def sha256_file(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def default_run_dir() -> Path:
+    import time
+
+    base = Path("reports") / time.strftime("run-%Y%m%d-%H%M%S")
+    out, i = base, 1
+    while out.exists():
+        out, i = Path(f"{base}-{i}"), i + 1
+    return out
+
+
+def now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def text_config_limits(text_config: dict) -> dict:
+    """max_position_embeddings and the rope scaling (None when positions are not scaled) of a text config."""
+    rope = text_config.get("rope_scaling") or text_config.get("rope_parameters") or {}
+    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+    scaled = isinstance(rope, dict) and ((kind not in (None, "default")) or rope.get("factor") not in (None, 1, 1.0))
+    return {"max_position_embeddings": text_config.get("max_position_embeddings"), "rope_scaling": rope if scaled else None}
+
+
+def _config_if_any(path: Path) -> dict:
+    """config.json of a model directory, or {} (a tokenizer-only directory has none)."""
+    import json
+
+    try:
+        value = json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def identity(info, files, opts, dtype, device: str, ranks, fallback, fallback_name: str, roster,
+             model_dir: Path | None = None, shard_plan=None, serving=None, variants=None) -> dict:
+    """What a resumed run must share with the interrupted one for its rows to be the same (tables.py).
+    info None: a model-free replay, which depends on the tokenizer and the end-of-turn ids alone. shard_plan
+    (shards.ShardPlan): the shard this run replays (run.json `shard`), None for the whole input. serving: the
+    serving.ServingNumerics the target and head were loaded for (run.json `serving`, schema 3). variants:
+    head_variants.Variants (run.json `trees` and `layer_rules`)."""
+    from .. import __version__
+    from ..drafting.head_variants import Variants
+    from ..model.checkpoint import describe_rules, linear_rules, reading_for, tokenizer_sha256, weights_fingerprint
+    from ..model.target import RECORDED
+    from ..sessions.reading import input_name
+
+    path = info.path if info is not None else Path(model_dir)
+    generation_config = path / "generation_config.json"
+    config = path / "config.json"
+    model = {"config_sha256": info.config_sha256 if info is not None else (sha256_file(config) if config.is_file() else None),
+             "head_tensors": info.head_names if info is not None else None,
+             "weights_fingerprint": weights_fingerprint(info) if info is not None else None,
+             "generation_config_sha256": sha256_file(generation_config) if generation_config.is_file() else None}
+    return {
+        "model": model,
+        "tokenizer_sha256": tokenizer_sha256(path),
+        "k": opts.k,
+        "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
+        "device": device.split(":")[0] if ranks.world > 1 else device,
+        "sampling": {} if info is None else {**{p.name: p.as_dict() for p in opts.profiles},
+                                             RECORDED: {**fallback.as_dict(), "per_session": True, "fallback": fallback_name}},
+        "recorded_with": opts.recorded_with,
+        "drafters": roster.manifest(),
+        **(variants or Variants()).manifest(info.geometry.num_layers if info is not None else 1),
+        "target_ran": info is not None,
+        "head_reading": reading_for(info, opts.head_engine).as_dict() if info is not None else None,
+        "serving": None if serving is None else {
+            **serving.manifest(), "linears": describe_rules(linear_rules(info, serving)) if info is not None else {}},
+        "inputs": [{"path": input_name(f), "sha256": sha256_file(f)} for f in files],
+        "options": {"chunk_size": opts.chunk_size, "on_error": opts.on_error, "max_sessions": opts.max_sessions,
+                    "device_map": opts.device_map},
+        "rendering": opts.template.manifest() if opts.template is not None else None,
+        "shard": shard_plan.manifest() if shard_plan is not None else None,
+        "whatifs": ({"head_precision": list(opts.head_precisions), "draft_p_min": [float(t) for t in opts.draft_p_min]}
+                    if opts.head_precisions or opts.draft_p_min else None),
+        "tool_version": __version__,
+    }
+
+
+def resume_difference(identity: dict, resumed: dict) -> str | None:
+    """What differs between this run and the interrupted one, for the refusal; None when nothing does."""
+    theirs_model = resumed.get("model") or {}
+    mine_model = identity["model"]
+    if theirs_model.get("weights_fingerprint") is None and resumed.get("schema_version", 1) < 2:
+        return (f"it was written by an older mtp-observe (schema_version {resumed.get('schema_version')}), which "
+                "recorded no weights fingerprint to check the checkpoint against")
+    from .tables import SCHEMA_VERSION
+
+    if resumed.get("schema_version") != SCHEMA_VERSION:
+        return (f"it was written with schema_version {resumed.get('schema_version')} and this mtp-observe writes "
+                f"{SCHEMA_VERSION} (its parts would mix two layouts)")
+    if theirs_model.get("config_sha256") != mine_model["config_sha256"]:
+        return "the model's config.json differs"
+    if theirs_model.get("head_tensors") != mine_model["head_tensors"]:
+        return "the model's head tensors differ"
+    if theirs_model.get("weights_fingerprint") != mine_model["weights_fingerprint"]:
+        a = (theirs_model.get("weights_fingerprint") or {}).get("sha256", "?")
+        b = mine_model["weights_fingerprint"]["sha256"]
+        return (f"the model's weights differ (fingerprint {b[:12]} here, {str(a)[:12]} in the run; config.json is the "
+                "same: a fine-tune or a retrained head?)")
+    if theirs_model.get("generation_config_sha256") != mine_model["generation_config_sha256"]:
+        return "the model's generation_config.json differs (its end-of-turn ids decide the scored spans)"
+    for key, value in identity.items():
+        if key in ("model", "drafters", "target_ran"):
+            continue
+        theirs = resumed.get(key)
+        if key == "inputs":
+            theirs = [{"path": i.get("path"), "sha256": i.get("sha256")} for i in resumed.get("inputs", [])]
+        elif key == "tool_version":
+            theirs = (resumed.get("tool") or {}).get("version")
+        if theirs != value:
+            return f"{key.replace('_', ' ')} differs ({_short(theirs)} in the run, {_short(value)} here)"
+    theirs_drafters = resumed.get("drafters") or {"mtp": {"draft_k": [resumed.get("k")]}}  # older runs: mtp alone
+    if theirs_drafters != identity["drafters"]:
+        return f"the drafters differ ({_short(theirs_drafters)} in the run, {_short(identity['drafters'])} here)"
+    if resumed.get("target_ran", True) != identity["target_ran"]:
+        return "the target ran in one run and not in the other"
+    return None
+
+
+def _short(value) -> str:
+    import json
+
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def start_manifest(out: Path, opts, info, identity: dict, bundled: bool, world: int,
+                    model_dir: Path | None = None) -> dict:
+    """Check the run directory (fresh, --resume or --overwrite) and write the running manifest (info None: a
+    model-free replay: the model's weights, numerics and roofline are null)."""
+    import platform
+
+    import torch
+    import transformers
+
+    from .. import __version__
+    from ..cost.inventory import take_inventory
+    from ..cost.roofline import geometry_of_checkpoint
+    from ..errors import RunDirectoryError
+    from ..model.checkpoint import compare_copies
+    from . import tables
+
+    resumed = tables.prepare_run_directory(out, opts.resume, opts.overwrite)
+    if resumed is not None:
+        different = resume_difference(identity, resumed)
+        if different is not None:
+            raise RunDirectoryError(f"{out}: cannot resume, {different}; rerun with the same checkpoint, inputs and "
+                                    "options, or --overwrite")
+        if resumed.get("status") == "complete":
+            sessions = (resumed.get("counts") or {}).get("sessions_ok", 0)
+            raise tables.RunComplete(f"{out}: this run is already complete ({sessions:,} session"
+                                     f"{'' if sessions == 1 else 's'} of these inputs); nothing to resume")
+        tables.remove_temporaries(out)
+    from ..model.target import generation_config_profile
+
+    generation = generation_config_profile(info.path if info is not None else model_dir)
+    if info is not None:
+        inventory = take_inventory(info)
+        precision = "BF16" if identity["dtype"] == "bfloat16" else "stored"
+        model = {
+            "path": str(info.path.resolve()), "bundled": bundled, "model_type": info.model_type,
+            **identity["model"],
+            "numerics": info.numerics(identity["dtype"]),
+            "roofline": inventory.roofline(precision),
+            "roofline_by_precision": {p: inventory.draft_cost(p) for p in ["stored", "BF16", "FP8", "Q8_0", "Q6_K", "Q4_K"]},
+            "cost_geometry": geometry_of_checkpoint(info).as_dict(),
+            "head_copies": compare_copies(info),
+            "head_precisions": head_precision_costs(info, opts.head_precisions, inventory, precision),
+            "generation_config": generation.as_dict() if generation is not None else None,
+            **text_config_limits(info.text_config),
+        }
+    else:
+        config = _config_if_any(Path(model_dir))
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+        model = {"path": str(Path(model_dir).resolve()), "bundled": bundled, "model_type": config.get("model_type"),
+                 **identity["model"], "numerics": None, "roofline": None, "roofline_by_precision": None,
+                 "generation_config": generation.as_dict() if generation is not None else None,
+                 **text_config_limits(text)}
+    manifest = {
+        "schema_version": tables.SCHEMA_VERSION,
+        "tool": {"name": "mtp-observe", "version": __version__},
+        "created": (resumed or {}).get("created") or now(),
+        "finished": None,
+        "status": "running",
+        **{key: value for key, value in identity.items() if key != "tool_version"},  # tool.version holds it
+        "model": model,
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
+        "world_size": world,
+        "counts": {},
+        "errors": [],
+        "resumed": (resumed or {}).get("resumed", []) + ([now()] if resumed else []),
+    }
+    tables.write_json_atomic(out / tables.MANIFEST, manifest)
+    return manifest
+
+
+def row_draft_ks(manifest: dict) -> list[int] | None:
+    """The depth of every block of rows a run writes per anchor (its drafters' draft_k, its trees' steps, the
+    stepwise layer rule's k, and Kmax for each --head-precision's head; parts.py counts rows by them); None for an
+    mtp-only run without variants or precisions."""
+    drafters = manifest.get("drafters") or {}
+    extra = [t["steps"] for t in manifest.get("trees") or []] + \
+        [r["k"] for r in manifest.get("layer_rules") or [] if r.get("k")]
+    precisions = (manifest.get("whatifs") or {}).get("head_precision") or []
+    if not (set(drafters) - {"mtp"}) and not extra and not precisions:
+        return None
+    return [kk for d in drafters.values() for kk in d.get("draft_k", [])] + extra + [manifest["k"]] * len(precisions)
+
+
+def head_precision_costs(info, precisions, inventory, served: str) -> dict | None:
+    """run.json model.head_precisions: per what-if precision its recipe (precisions.py) and what a draft step reads
+    (cost.Geometry's head fields at that precision), with the batch-1 bytes ratio c against the target as served."""
+    if not precisions:
+        return None
+    from ..model.precisions import head_recipes, head_shapes, recipe_bytes
+
+    g = info.geometry
+    shapes = head_shapes(g)
+    experts = g.moe.num_experts if g.moe is not None else 0
+    top_k = g.moe.experts_per_token if g.moe is not None else 0
+    target = inventory.target_step_bytes(served)
+    out = {}
+    for name, r in head_recipes(info, precisions).items():
+        b = recipe_bytes(r, shapes, (g.vocab_size, g.hidden_size), experts)
+        step = b["head_dense_bytes"] + b["head_expert_bytes"] * top_k + b["lm_head_bytes"]
+        out[name] = {**r.as_dict(), **b, "draft_step_bytes": step, "draft_cost": step / target}
+    return out
+
+
+COUNT_KEYS = ("sessions_ok", "sessions_skipped", "requests", "tokens_replayed", "scored_tokens", "anchors", "rows")
+MAX_KEYS = ("max_request_tokens",)  # counts merged by their maximum, not their sum
+
+
+def finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> None:
+    """The final manifest: complete, or failed with the first failure. If the disk is full even for that, the
+    running manifest stays (the run resumes) and a failed run's own error is what the user sees."""
+    from . import tables
+
+    counts = {key: sum(r.get("counts", {}).get(key, 0) for r in results) for key in COUNT_KEYS}
+    counts.update({key: max(r.get("counts", {}).get(key, 0) for r in results) for key in MAX_KEYS})
+    manifest["errors"] = sorted((e for r in results for e in r.get("errors", [])), key=lambda e: e["index"])
+    failures = [r["failure"] for r in results if r.get("failure") is not None]
+    if failures:  # what the parts on disk hold (every rank flushed what it finished before failing)
+        from .parts import counts_on_disk
+
+        on_disk = counts_on_disk(out, manifest["k"], row_draft_ks(manifest))
+        counts = {**counts, **on_disk, "sessions_skipped": counts["sessions_skipped"]}
+    manifest["counts"] = counts
+    if results and results[0].get("cluster") is not None:  # a Ray job (cluster.py): its replicas, replaced and retried
+        manifest["cluster"] = results[0]["cluster"]
+    if failures:
+        manifest.update(status="failed", finished=now(), failure=f"{type(failures[0]).__name__}: {failures[0]}")
+    else:
+        per_file = results[0]["per_file"]  # every rank reads every line, so every rank's per-file count agrees
+        for entry in manifest["inputs"]:
+            entry["sessions"] = per_file[entry["path"]]
+        wall = max(r["wall_s"] for r in results)
+        fresh = sum(r["fresh_tokens"] for r in results)
+        timing = {"wall_s": round(wall, 3), "tokens_per_s": round(fresh / wall, 1) if wall > 0 else None}
+        drafting = {}
+        for r in results:
+            for part, t in r.get("drafting", {}).items():
+                total = drafting.setdefault(part, {"seconds": 0.0, "anchors": 0})
+                total["seconds"] = round(total["seconds"] + t["seconds"], 3)
+                total["anchors"] += t["anchors"]
+        if drafting:
+            timing["drafting"] = drafting
+        manifest.update(status="complete", finished=now(), timing=timing)
+    try:
+        tables.write_json_atomic(out / tables.MANIFEST, manifest)
+    except (OSError, RunDirectoryError) as e:
+        if failures:
+            return
+        raise e if isinstance(e, RunDirectoryError) else tables.cannot_write(out / tables.MANIFEST, e) from None
