@@ -32,9 +32,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mtp_observe.engines.exports import engine_numbers  # noqa: E402
+from mtp_observe.engines.numbers import engine_numbers  # noqa: E402
+from mtp_observe.model.loading import default_model_dir
 from mtp_observe.report import load_run, resolve_cost, summarize  # noqa: E402
-from mtp_observe.run.pipeline import ReplayOptions, default_model_dir, replay  # noqa: E402
+from mtp_observe.run.options import ReplayOptions
+from mtp_observe.run.pipeline import replay  # noqa: E402
 
 
 def rows(run: Path):

@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
-    from mtp_observe.run.pipeline import default_model_dir
+    from mtp_observe.model.loading import default_model_dir
     from mtp_observe.sessions.importers import import_files
     from mtp_observe.sessions.reading import read_sessions
     from mtp_observe.sessions.rendering import Renderer

@@ -29,17 +29,9 @@ import argparse
 
 import numpy as np
 
-from mtp_observe.cost.roofline import (
-    DEFAULT_BATCHES,
-    batch_speedup,
-    best_k,
-    break_even,
-    config_tensors,
-    geometry_from_tensors,
-    parse_device,
-    roofline_times,
-    schedule,
-)
+from mtp_observe.cost.geometry import config_tensors, geometry_from_tensors
+from mtp_observe.cost.roofline import parse_device, roofline_times
+from mtp_observe.cost.speedup import DEFAULT_BATCHES, batch_speedup, best_k, break_even, schedule
 
 COMMON = dict(vocab_size=248320, head_dim=256, linear_conv_kernel_dim=4, linear_key_head_dim=128,
               linear_value_head_dim=128, linear_num_key_heads=16, mamba_ssm_dtype="float32", full_attention_interval=4,

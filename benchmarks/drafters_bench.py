@@ -58,7 +58,8 @@ def public_files() -> list[Path]:
 
 def render(files, out: Path) -> dict:
     """Sessions -> out (.npz): tokens of every request, their spans, the prefix each shares with the next."""
-    from mtp_observe.run.pipeline import default_model_dir, shared_prefix
+    from mtp_observe.model.loading import default_model_dir
+    from mtp_observe.run.requests import shared_prefix
     from mtp_observe.sessions.reading import read_sessions
     from mtp_observe.sessions.rendering import Renderer
 

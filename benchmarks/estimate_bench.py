@@ -95,7 +95,9 @@ def row(name: str, estimate, wall: float, extra: dict | None = None) -> dict:
 
 
 def replay_row(name: str, files, every: float) -> dict:
-    from mtp_observe.run.pipeline import ReplayOptions, default_model_dir, replay, replay_estimate
+    from mtp_observe.model.loading import default_model_dir
+    from mtp_observe.run.options import ReplayOptions
+    from mtp_observe.run.pipeline import replay, replay_estimate
 
     opts = ReplayOptions(device="cpu")
     started = time.perf_counter()
@@ -111,8 +113,8 @@ def replay_row(name: str, files, every: float) -> dict:
 
 
 def generate_row(name: str, files) -> dict:
+    from mtp_observe.model.loading import default_model_dir
     from mtp_observe.run.generation import GenerateOptions, generate, generate_estimate
-    from mtp_observe.run.pipeline import default_model_dir
 
     opts = GenerateOptions(device="cpu")
     started = time.perf_counter()

@@ -1,4 +1,4 @@
-"""How long the weights fingerprint takes on a 60 GB checkpoint (checkpoint.weights_fingerprint).
+"""How long the weights fingerprint takes on a 60 GB checkpoint (fingerprints.weights_fingerprint).
 
 Writes a sparse checkpoint — safetensors shards with real headers (BF16 tensors in the proportions of
 a large dense model) whose data regions are holes — and times the sampled fingerprint over it, and
@@ -49,7 +49,7 @@ def sparse_checkpoint(directory: Path, total_bytes: int, shards: int, tensors: i
 
 def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from mtp_observe.model.checkpoint import sampled_fingerprint_of_files, whole_fingerprint_of_files
+    from mtp_observe.model.fingerprints import sampled_fingerprint_of_files, whole_fingerprint_of_files
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=60.0)

@@ -36,9 +36,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from mtp_observe.model.loading import default_model_dir, load_model  # noqa: E402
 from mtp_observe.model.target import BUILTIN_PROFILES  # noqa: E402
-from mtp_observe.run.generation import Settings, generate_batch, speculative_turn, turn_prompts  # noqa: E402
-from mtp_observe.run.pipeline import default_model_dir, load_model  # noqa: E402
+from mtp_observe.run.decoding import Settings, generate_batch, speculative_turn, turn_prompts  # noqa: E402
 from mtp_observe.sessions.reading import read_sessions  # noqa: E402
 from mtp_observe.sessions.rendering import Renderer  # noqa: E402
 

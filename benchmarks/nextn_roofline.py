@@ -29,14 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from mtp_observe.cost.roofline import (
-    DEFAULT_BATCHES,
-    config_tensors,
-    geometry_from_tensors,
-    parse_device,
-    replica_memory,
-    roofline_times,
-)
+from mtp_observe.cost.geometry import config_tensors, geometry_from_tensors
+from mtp_observe.cost.roofline import parse_device, replica_memory, roofline_times
+from mtp_observe.cost.speedup import DEFAULT_BATCHES
 from mtp_observe.model.families import geometry_from_config
 
 DEEPSEEK_V3 = dict(

@@ -38,20 +38,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mtp_observe.model.loading import load_model, resolve_device, resolve_dtype
 from mtp_observe.model.synthetic import SyntheticSpec, write_synthetic_checkpoint  # noqa: E402
 from mtp_observe.model.target import SamplingProfile, prefill  # noqa: E402
 from mtp_observe.run.memory import maxrss_bytes  # noqa: E402
-from mtp_observe.run.pipeline import (  # noqa: E402
-    RECORDED,
-    ReplayOptions,
-    default_profiles,
-    load_model,
-    recorded_fallback,
-    replay_session,
-    resolve_device,
-    resolve_dtype,
-    shared_prefix,
-)
+from mtp_observe.run.options import ReplayOptions, default_profiles, recorded_fallback
+from mtp_observe.run.pipeline import RECORDED
+from mtp_observe.run.requests import replay_session, shared_prefix
 from mtp_observe.sessions.reading import read_sessions  # noqa: E402
 from mtp_observe.sessions.rendering import Renderer  # noqa: E402
 

@@ -19,7 +19,7 @@ tests/test_cost.py checks against real checkpoint headers —, summed as stored.
 
 What a replica holds (mtp_observe/model/checkpoint.py, target.py, mtp.py):
   weights   every parameter in bfloat16 (the GPU default). A block-FP8 release is dequantised to bfloat16 when it is
-            loaded (checkpoint.dequantize_blockwise: replay computes the serving values, it runs no FP8 GEMMs), so the
+            loaded (weights.dequantize_blockwise: replay computes the serving values, it runs no FP8 GEMMs), so the
             FP8 release needs the same memory as the BF16 one; what FP8 halves is the download and the disk
   KV        the full-attention layers' keys and values for the longest request (bfloat16), up to twice: the prefix
             the next request of the session shares is kept while it runs (pipeline.Carry)
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cost_examples import COMMON, MODELS  # noqa: E402
 
-from mtp_observe.cost.roofline import config_tensors  # noqa: E402
+from mtp_observe.cost.geometry import config_tensors  # noqa: E402
 
 CONFIGS = {
     "Qwen3.5-27B": MODELS["27B dense"],

@@ -65,8 +65,9 @@ def breakdown(files, trees, k: int, max_sessions: int | None) -> dict:
     from mtp_observe.drafting.acceptance import anchor_plan, row_index
     from mtp_observe.drafting.tree import grow, parse_tree, select
     from mtp_observe.drafting.tree_acceptance import recorded_walk, tree_rows
+    from mtp_observe.model.loading import default_model_dir, load_model
     from mtp_observe.model.target import Turns, prefill, reduce_logits
-    from mtp_observe.run.pipeline import default_model_dir, default_profiles, load_model
+    from mtp_observe.run.options import default_profiles
     from mtp_observe.sessions.reading import read_sessions
     from mtp_observe.sessions.rendering import Renderer
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # The stages in pipeline order: a stage imports only the shared leaves and the stages before it.
-STAGES = ("sessions", "model", "drafting", "run", "cost", "report", "engines", "cli")
+STAGES = ("sessions", "model", "drafting", "cost", "run", "report", "engines", "cli")
 # Packages (third-party) that count as torch for "the report imports no torch".
 TORCH_LIKE = ("torch", "transformers", "accelerate", "safetensors.torch")
 # Stages that must not reach torch.
@@ -46,7 +46,7 @@ LEGACY = {
     "acceptance": "drafting", "drafters": "drafting", "tree": "drafting", "tree_acceptance": "drafting",
     "layer_rules": "drafting", "head_variants": "drafting", "whatif_heads": "drafting",
     "pipeline": "run", "estimate": "run", "generation": "run", "parts": "run", "tables": "run",
-    "manifest": "run", "shards": "run", "merge": "run", "ranks": "run", "cluster": "run", "outputs": "run",
+    "manifest": "run", "shards": "run", "merge": "run", "ranks": "run", "cluster": "run",
     "progress": "run", "memory": "run",
     "cost": "cost", "inventory": "cost", "denominator": "cost", "probe": "cost",
     "report": "report", "metrics": "report", "presentation": "report", "plotting": "report",

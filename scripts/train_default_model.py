@@ -585,7 +585,7 @@ def load_sessions(files: list[Path]) -> list[dict]:
 
 def evaluate(model_dir: Path, session_files: list[Path], controls: bool = True, log=print) -> dict:
     """Score the demo sessions with the saved checkpoint, loaded as replay loads it."""
-    from mtp_observe.run.pipeline import load_model
+    from mtp_observe.model.loading import load_model
 
     t0 = time.time()
     model = load_model(model_dir)

@@ -118,6 +118,6 @@ def tiny_checkpoint(make_checkpoint) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_checkpoint):
-    from mtp_observe.run.pipeline import load_model
+    from mtp_observe.model.loading import load_model
 
     return load_model(tiny_checkpoint)

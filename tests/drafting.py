@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mtp_observe.run.pipeline import default_model_dir
+from mtp_observe.model.loading import default_model_dir
 from mtp_observe.sessions.reading import read_sessions
 from mtp_observe.sessions.rendering import Renderer
 

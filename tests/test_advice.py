@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from mtp_observe.engines.exports import serve_lines
 from mtp_observe.report import parse_gate, read_and_summarize, report_json
+from mtp_observe.report.flags import serve_lines
 from mtp_observe.report.plotting import figure
 from mtp_observe.report.presentation import print_rich
 

@@ -12,10 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mtp_observe.model.checkpoint import load_head_tensors, read_checkpoint
+from mtp_observe.model.checkpoint import read_checkpoint
+from mtp_observe.model.loading import load_model
 from mtp_observe.model.synthetic import SyntheticSpec, random_head_state, random_target, save_checkpoint
 from mtp_observe.model.target import prefill_hidden
-from mtp_observe.run.pipeline import load_model
+from mtp_observe.model.weights import load_head_tensors
 
 
 def run_cli(*args, env=None):

@@ -12,7 +12,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mtp_observe.run.pipeline import Observer, ReplayOptions, default_model_dir, replay
+from mtp_observe.model.loading import default_model_dir
+from mtp_observe.run.options import Observer, ReplayOptions
+from mtp_observe.run.pipeline import replay
 from mtp_observe.run.progress import ProgressCounter
 
 from .test_drafters_replay import tokenizer_only  # noqa: F401 (a fixture)

@@ -17,9 +17,11 @@ import pytest
 
 from mtp_observe.engines.check import check
 from mtp_observe.engines.exports import read_engine_metrics
+from mtp_observe.model.loading import default_model_dir
 from mtp_observe.report import read_and_summarize
 from mtp_observe.run.generation import GenerateOptions, generate
-from mtp_observe.run.pipeline import ReplayOptions, default_model_dir, replay
+from mtp_observe.run.options import ReplayOptions
+from mtp_observe.run.pipeline import replay
 
 from .fuzzing import run_cli
 from .test_generation import loop_counters

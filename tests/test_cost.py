@@ -10,22 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtp_observe.cost.roofline import (
-    DEVICES,
-    ExpertCounts,
-    Geometry,
+from mtp_observe.cost.geometry import Geometry, config_tensors, geometry_from_tensors, geometry_of_checkpoint
+from mtp_observe.cost.roofline import DEVICES, ExpertCounts, expected_distinct, parse_device, roofline_times
+from mtp_observe.cost.speedup import (
     batch_speedup,
     best_k,
     break_even,
     check_schedule,
-    config_tensors,
-    expected_distinct,
-    geometry_from_tensors,
-    geometry_of_checkpoint,
     parse_batches,
-    parse_device,
     parse_gated,
-    roofline_times,
     schedule,
     speedup,
 )

@@ -57,7 +57,7 @@ def tokenizer(trainer):
 
 @pytest.fixture(scope="module")
 def default_model():
-    from mtp_observe.run.pipeline import load_model
+    from mtp_observe.model.loading import load_model
 
     return load_model(DEFAULT_MODEL)
 

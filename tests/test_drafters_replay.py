@@ -19,9 +19,11 @@ from mtp_observe.drafting.drafters import NO_TOKEN, accepted_length, span_ends
 from mtp_observe.drafting.drafters.hybrid import longer, score_threshold
 from mtp_observe.drafting.drafters.ngram import NgramConfig, NgramDrafter
 from mtp_observe.drafting.drafters.suffix import SuffixConfig, SuffixDecoding
+from mtp_observe.model.loading import default_model_dir
 from mtp_observe.report import load_run, read_and_summarize, report_json
 from mtp_observe.report.metrics import simulate_decode
-from mtp_observe.run.pipeline import ReplayOptions, default_model_dir, replay
+from mtp_observe.run.options import ReplayOptions
+from mtp_observe.run.pipeline import replay
 
 from .test_drafters_ngram import _prose
 from .test_replay import SESSION, write_sessions

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mtp_observe.engines.exports import engine_numbers, read_engine_metrics
+from mtp_observe.engines.exports import read_engine_metrics
+from mtp_observe.engines.numbers import engine_numbers
 from mtp_observe.errors import EngineMetricsError
 from mtp_observe.report import read_and_summarize
 

@@ -15,18 +15,15 @@ import pandas as pd
 import pytest
 
 from mtp_observe.drafting.drafters.ngram import NgramConfig
-from mtp_observe.engines.exports import (
-    UNLIMITED_CACHED_REQUESTS,
-    engine_numbers,
-    export,
-    serve_lines,
-    synthetic_rates,
-    vllm_speculative_config,
-)
+from mtp_observe.engines.exports import export
+from mtp_observe.engines.numbers import engine_numbers, synthetic_rates
 from mtp_observe.errors import OptionError
+from mtp_observe.model.loading import default_model_dir
 from mtp_observe.report import Reading, read_and_summarize
+from mtp_observe.report.flags import UNLIMITED_CACHED_REQUESTS, serve_lines, vllm_speculative_config
 from mtp_observe.report.metrics import engine_counted, visited_anchors_reference
-from mtp_observe.run.pipeline import ReplayOptions, default_model_dir, replay
+from mtp_observe.run.options import ReplayOptions
+from mtp_observe.run.pipeline import replay
 
 from .handmade import random_sessions, write_run
 

@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from mtp_observe.engines.check import check
-from mtp_observe.engines.exports import ENGINES, engine_numbers, export, read_engine_metrics
+from mtp_observe.engines.exports import ENGINES, export, read_engine_metrics
+from mtp_observe.engines.numbers import engine_numbers
 from mtp_observe.errors import EngineMetricsError
 from mtp_observe.report import read_and_summarize, report_json
 from mtp_observe.report.metrics import visited_anchors_reference
@@ -99,7 +100,7 @@ def test_report_prints_the_serve_flags_of_its_verdict_and_the_engine_counted_num
 def test_the_serve_lines_say_what_each_verdict_stands_for(big_run, tmp_path):
     from dataclasses import replace
 
-    from mtp_observe.engines.exports import serve_lines, what_if_lines
+    from mtp_observe.report.flags import serve_lines, what_if_lines
 
     report = read_and_summarize(big_run, replicates=50).report
     k = report.best_k
@@ -364,8 +365,8 @@ def test_a_model_free_drafter_gets_its_own_vllm_config_a_hybrid_none_and_compare
     # suffix_decoding_max_tree_depth / _max_cached_requests / _max_spec_factor / _min_token_prob.
     from dataclasses import replace
 
-    from mtp_observe.engines.exports import serve_lines
     from mtp_observe.errors import OptionError
+    from mtp_observe.report.flags import serve_lines
 
     report = reading.report
     k = report.best_k
@@ -395,8 +396,8 @@ def test_a_schedule_over_batch_sizes_becomes_vllms_dynamic_config_in_the_report_
     # sorted, K capped at num_speculative_tokens; with synthetic acceptance the rates are num_speculative_tokens long.
     from dataclasses import replace
 
-    from mtp_observe.engines.exports import serve_lines
     from mtp_observe.report import Reading
+    from mtp_observe.report.flags import serve_lines
 
     report = reading.report
     assert report.batch is not None and len(report.batch.schedule) == 1  # one batch size: the static config only

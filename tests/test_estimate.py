@@ -55,7 +55,8 @@ def test_the_replay_estimate_counts_the_attention_pairs_the_replay_computes(tiny
     """Target and head together: every scaled_dot_product_attention call of a session's replay (chunked prefill
     over a carried prefix, the head's row chunks, its chain blocks) adds up to the estimate's pairs."""
     from mtp_observe.run.estimate import full_attention_layers
-    from mtp_observe.run.pipeline import default_profiles, replay_session
+    from mtp_observe.run.options import default_profiles
+    from mtp_observe.run.requests import replay_session
     from mtp_observe.sessions.reading import read_sessions
     from mtp_observe.sessions.rendering import Renderer
 

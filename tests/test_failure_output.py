@@ -102,7 +102,7 @@ def test_resume_of_a_complete_run_has_nothing_to_do_and_exits_0(tiny_checkpoint,
 def test_the_non_finite_advice_names_float32_only_where_it_would_change_something():
     import torch
 
-    from mtp_observe.run.pipeline import non_finite_advice
+    from mtp_observe.model.loading import non_finite_advice
 
     assert non_finite_advice(torch.bfloat16).endswith("check the checkpoint, or try --dtype float32")
     assert "--dtype" not in non_finite_advice(torch.float32) and "already float32" in non_finite_advice(torch.float32)

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mtp_observe.model.checkpoint import read_checkpoint
+from mtp_observe.model.loading import load_model
 from mtp_observe.model.mtp import rotary_frequencies, route, routed_experts, zero_centred_rms_norm
 from mtp_observe.model.target import prefill_hidden
-from mtp_observe.run.pipeline import load_model
 
 from .head_checks import SAMPLE_ANCHORS, K, assert_wrong_reading_differs, product_drafts, reference
 from .reference_head import Reading

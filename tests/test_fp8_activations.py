@@ -14,10 +14,12 @@ import torch.nn.functional as F
 from mtp_observe.errors import OptionError
 from mtp_observe.model.checkpoint import linear_rules, read_checkpoint
 from mtp_observe.model.fp8 import W8A8Weight, quantise_activations, requantise_ue8m0, rule_of, w8a8
+from mtp_observe.model.loading import load_model
 from mtp_observe.model.serving import LinearRule, linear_rule, serving_numerics
 from mtp_observe.model.synthetic import write_fp8_copy
 from mtp_observe.model.target import prefill_hidden
-from mtp_observe.run.pipeline import ReplayOptions, load_model, replay
+from mtp_observe.run.options import ReplayOptions
+from mtp_observe.run.pipeline import replay
 
 from .test_replay import SESSION, write_sessions
 

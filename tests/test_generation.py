@@ -19,20 +19,13 @@ import pandas as pd
 import pytest
 import torch
 
+from mtp_observe.model.loading import default_model_dir, load_model
 from mtp_observe.model.target import BUILTIN_PROFILES, Distribution
 from mtp_observe.report import load_run, resolve_cost, summarize
-from mtp_observe.run.generation import (
-    Completion,
-    GenerateOptions,
-    Settings,
-    TurnPrompt,
-    accept_drafts,
-    draw,
-    generate,
-    generate_batch,
-    turn_prompts,
-)
-from mtp_observe.run.pipeline import ReplayOptions, default_model_dir, load_model, replay
+from mtp_observe.run.decoding import Completion, Settings, TurnPrompt, accept_drafts, draw, generate_batch, turn_prompts
+from mtp_observe.run.generation import GenerateOptions, generate
+from mtp_observe.run.options import ReplayOptions
+from mtp_observe.run.pipeline import replay
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = sorted((ROOT / "sessions").glob("*.jsonl"))
@@ -174,7 +167,8 @@ def test_greedy_own_text_replays_fully_on_policy_with_a_verdict(greedy_run):
 
 
 def test_the_records_name_their_source_turn_model_sampler_and_seed(greedy_run):
-    from mtp_observe.model.checkpoint import read_checkpoint, weights_fingerprint
+    from mtp_observe.model.checkpoint import read_checkpoint
+    from mtp_observe.model.fingerprints import weights_fingerprint
     from mtp_observe.sessions.reading import read_sessions
 
     out, _, run = greedy_run
@@ -278,7 +272,7 @@ def test_the_loops_counters_written_as_vllm_metrics_equal_the_runs_engine_counts
                                                                                                     sampler, tmp_path):
     """The loop is an engine: its kept drafts per verify step, counted as vLLM counts them (num_drafts, per_pos),
     equal the run's engine-counted numbers (mtp_observe/engines/exports.py) exactly, not the all-anchor rates."""
-    from mtp_observe.engines.exports import engine_numbers
+    from mtp_observe.engines.numbers import engine_numbers
 
     out, run = speculative_runs[sampler]
     kept = [a for record in _records(out) for turn in record["meta"]["speculative"]["accepted"] for a in turn]

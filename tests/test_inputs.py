@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mtp_observe.errors import InputError, OptionError
-from mtp_observe.run.pipeline import default_model_dir
+from mtp_observe.model.loading import default_model_dir
 from mtp_observe.sessions.importers import import_files
 from mtp_observe.sessions.reading import read_sessions
 from mtp_observe.sessions.rendering import Renderer, survey, template_overrides

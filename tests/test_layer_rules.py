@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from mtp_observe.drafting.layer_rules import STEPWISE, layer_rows, stepwise_chain
+from mtp_observe.model.loading import load_model
 from mtp_observe.model.target import prefill_hidden
 from mtp_observe.report import read_and_summarize, report_json
-from mtp_observe.run.pipeline import ReplayOptions, load_model, replay
+from mtp_observe.run.options import ReplayOptions
+from mtp_observe.run.pipeline import replay
 
 from .head_checks import reference
 from .test_replay import SESSION, write_sessions

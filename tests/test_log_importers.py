@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from mtp_observe.errors import InputError
-from mtp_observe.run.pipeline import default_model_dir
+from mtp_observe.model.loading import default_model_dir
 from mtp_observe.sessions.importers import Options, detect, import_files
 from mtp_observe.sessions.importers.common import MISSING_KINDS, SAMPLING_KEYS, Malformed, Source, sampling_params
 from mtp_observe.sessions.reading import read_sessions
@@ -602,7 +602,8 @@ def test_streamed_vllm_deltas_are_joined_and_marked_inexact_and_the_older_single
 def test_vllm_log_records_replay_with_exactly_the_logged_token_ids(tmp_path, bundled):
     import pyarrow.dataset as ds
 
-    from mtp_observe.run.pipeline import ReplayOptions, replay
+    from mtp_observe.run.options import ReplayOptions
+    from mtp_observe.run.pipeline import replay
 
     conversation = log_samples.bundled_conversation_ids(bundled.tokenizer)
     path = vllm_log(tmp_path, *((f"req-{k}", pt, pi, oi, ot) for k, (pt, pi, oi, ot) in enumerate(conversation)))

@@ -16,8 +16,9 @@ import pytest
 from mtp_observe.errors import RunDirectoryError
 from mtp_observe.report import read_and_summarize, report_json
 from mtp_observe.run.merge import merge_runs
+from mtp_observe.run.options import ReplayOptions
 from mtp_observe.run.parts import counts_on_disk
-from mtp_observe.run.pipeline import ReplayOptions, replay
+from mtp_observe.run.pipeline import replay
 from mtp_observe.run.shards import Shard
 
 from .test_drafters_replay import tokenizer_only  # noqa: F401 (a fixture)

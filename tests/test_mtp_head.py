@@ -184,7 +184,7 @@ def test_a_decode_step_equals_the_chains_second_step(tiny_model, request_tokens)
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-only path: needs a CUDA device")
 def test_the_cuda_row_pass_with_a_lower_right_causal_bias_equals_the_cpu_one(tiny_checkpoint, request_tokens):
-    from mtp_observe.run.pipeline import load_model
+    from mtp_observe.model.loading import load_model
 
     ids, hidden = request_tokens
     cpu = load_model(tiny_checkpoint)

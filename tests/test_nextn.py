@@ -8,11 +8,12 @@ import json
 import pytest
 import torch
 
-from mtp_observe.model.checkpoint import compare_copies, read_checkpoint
+from mtp_observe.model.checkpoint import read_checkpoint
 from mtp_observe.model.families import head_reading
+from mtp_observe.model.loading import load_model
 from mtp_observe.model.mtp import apply_interleaved_rotary, rms_norm, route_grouped, softmax_scale
 from mtp_observe.model.target import prefill_hidden
-from mtp_observe.run.pipeline import load_model
+from mtp_observe.model.weights import compare_copies
 
 from .head_checks import product_drafts
 from .reference_nextn import CORRECT, PlainNextn, Reading, TransformersNextn
@@ -302,7 +303,7 @@ def test_inspect_shows_the_nextn_layer_its_copies_and_the_mla_cache(make_checkpo
 
 @pytest.mark.parametrize("spec", [DEEPSEEK, GLM], ids=["deepseek_v3", "glm4_moe"])
 def test_the_config_alone_gives_the_geometry_a_real_nextn_checkpoint_has(make_checkpoint, spec):
-    from mtp_observe.cost.roofline import config_tensors, geometry_from_tensors, geometry_of_checkpoint
+    from mtp_observe.cost.geometry import config_tensors, geometry_from_tensors, geometry_of_checkpoint
 
     info = read_checkpoint(make_checkpoint(**spec))
     real = geometry_of_checkpoint(info)
@@ -346,8 +347,8 @@ def test_replay_records_the_reading_and_a_resume_under_another_is_refused(make_c
     code, report, _ = run_in_process("report", run, "--replicates", "50", "--details")  # the notes are in the details
     assert "head replayed as SGLang 0.5.23" in report
     # where the other engine reads the head otherwise: said beside a serve line (none here: the verdict is UNRELIABLE)
-    from mtp_observe.engines.exports import reading_note
     from mtp_observe.report import read_and_summarize
+    from mtp_observe.report.flags import reading_note
 
     note = reading_note(read_and_summarize(run, replicates=50).report, "vllm")
     assert "vLLM 0.33.0 zeroes the embedding at position 0 and feeds the pre-norm state back" in note

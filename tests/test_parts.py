@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from mtp_observe.run import parts, tables
-from mtp_observe.run.pipeline import ReplayOptions, replay
+from mtp_observe.run.options import ReplayOptions
+from mtp_observe.run.pipeline import replay
 
 from .test_replay import SESSION, run_cli, write_sessions
 

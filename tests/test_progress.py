@@ -9,7 +9,8 @@ import re
 import subprocess
 import sys
 
-from mtp_observe.run.pipeline import Observer, ReplayOptions, replay
+from mtp_observe.run.options import Observer, ReplayOptions
+from mtp_observe.run.pipeline import replay
 from mtp_observe.run.progress import ProgressCounter, ProgressState, progress_line, progress_lines
 from mtp_observe.wording import plural
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from mtp_observe.model import quantisers as Q
-from mtp_observe.model.checkpoint import dequantize_blockwise
 from mtp_observe.model.synthetic import quantize_fp8_blockwise
+from mtp_observe.model.weights import dequantize_blockwise
 
 gguf = pytest.importorskip("gguf", reason="the gguf package (the test extra) pins the GGUF round trips")
 GGUF_TYPES = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q5_0": gguf.GGMLQuantizationType.Q5_0,

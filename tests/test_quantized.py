@@ -13,9 +13,12 @@ from safetensors.torch import load_file, save_file
 
 from mtp_observe.cost.inventory import inventory_json, take_inventory
 from mtp_observe.model import checkpoint
-from mtp_observe.model.checkpoint import dequantize_blockwise, read_checkpoint
+from mtp_observe.model.checkpoint import read_checkpoint
+from mtp_observe.model.loading import load_model
 from mtp_observe.model.synthetic import quantize_fp8_blockwise, write_dequantised_copy, write_fp8_copy
-from mtp_observe.run.pipeline import ReplayOptions, load_model, replay
+from mtp_observe.model.weights import dequantize_blockwise
+from mtp_observe.run.options import ReplayOptions
+from mtp_observe.run.pipeline import replay
 
 from .fuzzing import run_cli as run_in_process
 from .test_checkpoint import assert_one_line_exit_2, run_cli

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from mtp_observe.model.target import BUILTIN_PROFILES, SamplingProfile, Turns, reduce_logits, sampler_distribution
-from mtp_observe.run.pipeline import ReplayOptions, replay
+from mtp_observe.run.options import ReplayOptions
+from mtp_observe.run.pipeline import replay
 from mtp_observe.run.tables import SCHEMA_VERSION, positions_schema, requests_schema
 
 from .reference_head import ReferenceHead
@@ -479,7 +480,7 @@ def test_device_map_auto_gives_the_same_rows(tiny_checkpoint, tmp_path):
 
 
 def test_requests_that_share_a_prefix_give_the_same_rows_as_each_replayed_from_scratch(tiny_checkpoint, tiny_model):
-    from mtp_observe.run.pipeline import replay_request, replay_session, shared_prefix
+    from mtp_observe.run.requests import replay_request, replay_session, shared_prefix
     from mtp_observe.sessions.reading import parse_record
     from mtp_observe.sessions.rendering import Renderer
 

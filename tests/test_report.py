@@ -30,6 +30,7 @@ from mtp_observe.report import (
     resolve_cost,
     summarize,
 )
+from mtp_observe.report.layout import column_groups
 from mtp_observe.report.metrics import (
     Counts,
     decode_walk,
@@ -39,7 +40,6 @@ from mtp_observe.report.metrics import (
     simulate_decode_reference,
     visited_anchors_reference,
 )
-from mtp_observe.report.presentation import column_groups
 from mtp_observe.run.tables import SCHEMA_VERSION
 
 from .handmade import HandSpan, hand_run_sessions, random_sessions, write_run
@@ -742,7 +742,9 @@ def test_on_a_long_on_policy_run_of_a_tiny_model_tau_and_tau_sim_agree_within_2_
     trained model acceptance comes in runs and they do not: docs/report.md, "Why τ(K) and τ_sim(K) differ".)"""
     import torch
 
-    from mtp_observe.run.pipeline import ReplayOptions, load_model, replay
+    from mtp_observe.model.loading import load_model
+    from mtp_observe.run.options import ReplayOptions
+    from mtp_observe.run.pipeline import replay
 
     model_dir = make_checkpoint(vocab_size=8, tokenizer_vocab=300, shards=1)
     model = load_model(model_dir)

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from mtp_observe.cost.roofline import ExpertCounts
+from mtp_observe.model.loading import load_model
 from mtp_observe.model.routing import RouterRecorder, window_hits
 from mtp_observe.model.target import prefill
-from mtp_observe.run.pipeline import ReplayOptions, load_model, replay
+from mtp_observe.run.options import ReplayOptions
+from mtp_observe.run.pipeline import replay
 
 from .test_replay import SESSION, write_sessions
 

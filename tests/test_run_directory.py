@@ -17,7 +17,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from mtp_observe.run.pipeline import ReplayOptions, replay
+from mtp_observe.run.options import ReplayOptions
+from mtp_observe.run.pipeline import replay
 
 from .test_importers import claude_code_events
 from .test_replay import SESSION, run_cli, write_sessions
@@ -442,7 +443,8 @@ def test_a_run_directory_whose_run_json_was_deleted_is_one_line_everywhere(tiny_
 def test_the_sampled_fingerprint_reads_every_tensor_and_catches_a_retrained_head(make_checkpoint, tmp_path):
     import shutil
 
-    from mtp_observe.model.checkpoint import read_checkpoint, weights_fingerprint
+    from mtp_observe.model.checkpoint import read_checkpoint
+    from mtp_observe.model.fingerprints import weights_fingerprint
 
     a = make_checkpoint()
     b = tmp_path / "b"
@@ -475,7 +477,7 @@ def test_the_fingerprint_of_a_60_gb_checkpoint_reads_a_few_tens_of_megabytes(tmp
         from fingerprint_bench import sparse_checkpoint
     finally:
         sys.path.pop(0)
-    from mtp_observe.model.checkpoint import sampled_fingerprint_of_files
+    from mtp_observe.model.fingerprints import sampled_fingerprint_of_files
 
     files = sparse_checkpoint(tmp_path, total_bytes=60 * 10**9, shards=25, tensors=1500)
     result = sampled_fingerprint_of_files(files)

@@ -265,7 +265,7 @@ def test_sampling_params_from_a_log_fill_missing_keys_and_are_checked_as_vllm_ch
 
 
 def test_the_generation_config_sampler_is_what_vllm_reads_from_the_checkpoint(tmp_path):
-    from mtp_observe.run.pipeline import default_model_dir
+    from mtp_observe.model.loading import default_model_dir
 
     bundled = generation_config_profile(default_model_dir())
     assert bundled is not None and (bundled.temperature, bundled.top_p, bundled.top_k) == (0.6, 0.95, 20)

@@ -11,7 +11,8 @@ import pytest
 
 from mtp_observe.errors import InputError
 from mtp_observe.report import load_run, read_and_summarize
-from mtp_observe.run.pipeline import ReplayOptions, replay
+from mtp_observe.run.options import ReplayOptions
+from mtp_observe.run.pipeline import replay
 from mtp_observe.sessions.importers import import_files
 from mtp_observe.sessions.reading import Session, Skipped, read_sessions
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mtp_observe.errors import OptionError
-from mtp_observe.run.pipeline import default_model_dir
+from mtp_observe.model.loading import default_model_dir
 from mtp_observe.run.shards import Shard, balance, input_set, parse_shard, plan_shard, session_key, shard_of
 from mtp_observe.sessions.reading import read_sessions
 from mtp_observe.sessions.rendering import Renderer

@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from mtp_observe.run.pipeline import ReplayOptions, replay
+from mtp_observe.run.options import ReplayOptions
+from mtp_observe.run.pipeline import replay
 
 from .reference_head import ReferenceHead
 from .test_replay import write_sessions
@@ -43,7 +44,7 @@ def greedy_speculative_decode(target, head: ReferenceHead, prompt: list[int], k:
 
 
 def test_replay_equals_a_real_draft_and_verify_loop_at_every_verify_step(tmp_path):
-    from mtp_observe.run.pipeline import default_model_dir, load_model
+    from mtp_observe.model.loading import default_model_dir, load_model
     from mtp_observe.sessions.reading import read_sessions
     from mtp_observe.sessions.rendering import Renderer
 

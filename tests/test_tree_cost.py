@@ -6,17 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mtp_observe.cost.roofline import (
-    DEVICES,
-    StepTimes,
-    batch1_times,
-    draft_step,
-    geometry_of_checkpoint,
-    roofline_times,
-    step_times_from_probe,
-    tree_denominator,
-    tree_speedup,
-)
+from mtp_observe.cost.geometry import geometry_of_checkpoint
+from mtp_observe.cost.roofline import DEVICES, draft_step, roofline_times
+from mtp_observe.cost.speedup import StepTimes, batch1_times, step_times_from_probe, tree_denominator, tree_speedup
 from mtp_observe.report import tree_cost
 from mtp_observe.report.denominator import CostTable
 

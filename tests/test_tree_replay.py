@@ -14,10 +14,12 @@ import pytest
 import torch
 
 from mtp_observe.drafting.tree import parse_tree
+from mtp_observe.model.loading import default_model_dir, load_model
 from mtp_observe.model.target import BUILTIN_PROFILES, prefill_hidden
 from mtp_observe.report import load_run, read_and_summarize, report_json
 from mtp_observe.report.metrics import simulate_decode
-from mtp_observe.run.pipeline import ReplayOptions, default_model_dir, load_model, replay
+from mtp_observe.run.options import ReplayOptions
+from mtp_observe.run.pipeline import replay
 
 from .fuzzing import run_cli
 from .test_replay import SESSION, write_sessions

@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from mtp_observe.model.loading import default_model_dir, load_model
 from mtp_observe.model.target import BUILTIN_PROFILES
 from mtp_observe.report import load_run, resolve_cost, summarize
-from mtp_observe.run.pipeline import ReplayOptions, default_model_dir, load_model, replay
+from mtp_observe.run.options import ReplayOptions
+from mtp_observe.run.pipeline import replay
 
 from .speculative_loop import ServedHead, speculative_sampling, tokens_per_step
 

@@ -17,11 +17,13 @@ import pytest
 import torch
 
 from mtp_observe.model import precisions
+from mtp_observe.model.loading import load_model
 from mtp_observe.model.mtp import draft_confidence
 from mtp_observe.model.synthetic import write_fp8_copy
 from mtp_observe.report import load_run, read_and_summarize, report_json, simulated_walks, summarize
 from mtp_observe.report.whatifs import drafted_lengths, stopped_speedup, stopped_walks
-from mtp_observe.run.pipeline import ReplayOptions, load_model, replay
+from mtp_observe.run.options import ReplayOptions
+from mtp_observe.run.pipeline import replay
 
 from .fuzzing import run_cli
 from .test_replay import SESSION, write_sessions
@@ -334,7 +336,7 @@ def greedy_completion(target, prompt: list[int], n_new: int) -> list[int]:
 @pytest.fixture(scope="module")
 def greedy_run(tmp_path_factory):
     """The bundled (trained) model's own greedy completion of a demo prompt, replayed in float64 with a threshold."""
-    from mtp_observe.run.pipeline import default_model_dir
+    from mtp_observe.model.loading import default_model_dir
     from mtp_observe.sessions.reading import read_sessions
     from mtp_observe.sessions.rendering import Renderer
 

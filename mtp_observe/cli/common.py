@@ -90,7 +90,7 @@ def _model_dir(model: Optional[Path]) -> Path:
     """--model (a directory, or a hub id in the local cache), or the bundled model, said on stdout (stderr is
     kept for the error line of a failure)."""
     from ..model.hub import resolve_model
-    from ..run.pipeline import default_model_dir
+    from ..model.loading import default_model_dir
 
     if model is not None:
         return resolve_model(model, "--model")

@@ -27,7 +27,8 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Emit the numbers as JSON.")] = False,
 ) -> None:
     """What the head is: tensors, shapes, bytes, borrowed weights, draft-cost roofline (headers only)."""
-    from ..cost.inventory import PRECISIONS, inventory_json, take_inventory
+    from ..cost.geometry import PRECISIONS
+    from ..cost.inventory import inventory_json, take_inventory
     from ..model.checkpoint import read_checkpoint
     from ..model.hub import resolve_model
 
@@ -115,7 +116,7 @@ def probe(
 ) -> None:
     """Measured cost of one draft step, one target decode step and one verify of K+1 tokens, per batch size."""
     from ..cost.probe import CPU_NOTE, probe as measure, probe_json
-    from ..cost.roofline import parse_batches
+    from ..cost.speedup import parse_batches
     from ..drafting.tree import parse_tree
     from ..model.hub import resolve_model
     from ..run.tables import write_json_atomic

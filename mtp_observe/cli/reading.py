@@ -59,7 +59,7 @@ def report(
                                                      "roofline (default: the run's mean anchor position).")] = None,
 ) -> None:
     """Acceptance, projected speedup and a go/no-go verdict for a run directory (imports no torch)."""
-    from ..cost.roofline import parse_batches
+    from ..cost.speedup import parse_batches
     from ..report import parse_gate, read_and_summarize, report_json
     from ..report.plotting import plot as draw
     from ..report.presentation import markdown, print_rich
@@ -143,8 +143,9 @@ def export(
     SGLang's and TensorRT-LLM's simulated acceptance, Model-Optimizer's speculation_profile.json, AIConfigurator's
     nextn. It follows the verdict (said on stderr): a run that is not GO at a K that pays is refused with exit 1
     unless --force (imports no torch)."""
-    from ..engines.exports import ENGINES, VLLM_DRAFTERS, export as render, export_plan
+    from ..engines.exports import ENGINES, export as render, export_plan
     from ..report import parse_gate, read_and_summarize
+    from ..report.flags import VLLM_DRAFTERS
 
     if engine not in ENGINES:
         raise OptionError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")

@@ -108,7 +108,7 @@ def _parse_thresholds(values: Optional[list[str]]) -> tuple:
 
 def _with_defaults(extra, model_dir: Path) -> tuple:
     """The default profiles, each replaced by an --sampling profile of the same name, then the new ones."""
-    from ..run.pipeline import default_profiles
+    from ..run.options import default_profiles
 
     by_name = {p.name: p for p in default_profiles(model_dir)}
     by_name.update({p.name: p for p in extra})
@@ -160,7 +160,8 @@ def replay(
     from ..drafting.drafters.suffix import SuffixConfig
     from ..run.estimate import estimate_line
     from ..run.manifest import default_run_dir
-    from ..run.pipeline import ReplayOptions, replay as run_replay, replay_estimate
+    from ..run.options import ReplayOptions
+    from ..run.pipeline import replay as run_replay, replay_estimate
     from ..run.progress import ProgressDisplay
 
     _check_on_error(on_error)

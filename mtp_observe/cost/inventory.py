@@ -29,56 +29,12 @@ lm_head 248,320 x 5,120 another 2.54 GB, over a ~54 GB target: c = 0.062.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
 from ..model.checkpoint import FP8_DTYPE, SCALE_SUFFIX, CheckpointInfo, Quantization, TensorEntry
 from ..model.families import SparseMoe
-
-# name -> (bits per matrix weight, bits per vector element)
-PRECISIONS: dict[str, tuple[float, float]] = {
-    "BF16": (16.0, 16.0),
-    "FP8": (8.0, 16.0),
-    "Q8_0": (8.5, 32.0),
-    "Q6_K": (6.5625, 32.0),
-    "Q4_K": (4.5, 32.0),
-}
-F32 = (32.0, 32.0)  # what a float32 run reads (probe's roofline on CPU)
-# Matrices an FP8 release keeps in BF16.
-FP8_KEEPS_BF16 = ("embed_tokens.weight", "lm_head.weight", "mtp.fc.weight", ".mlp.gate.weight", ".shared_expert_gate.weight",
-                  ".eh_proj.weight", ".shared_head.head.weight")  # NextN: DeepSeek-V3's FP8 release keeps eh_proj BF16
-
-
-def is_routed(name: str) -> bool:
-    """A routed expert's tensor (fused stack or one expert's; their block scales too)."""
-    return ".mlp.experts." in name
-
-
-def _bits(e: TensorEntry, precision: str) -> float:
-    if precision == "F32":
-        return e.numel * F32[0]
-    matrix_bits, vector_bits = PRECISIONS[precision]
-    if len(e.shape) < 2:
-        return e.numel * vector_bits
-    if precision == "FP8" and e.name.endswith(FP8_KEEPS_BF16):
-        return e.numel * 16.0
-    return e.numel * matrix_bits
-
-
-def bytes_at(entries: list[TensorEntry], precision: str) -> int:
-    """Bytes of these tensors at a precision ("stored" = as in the checkpoint). Block scales
-    (`*_scale_inv`) are counted only as stored: at a serving precision they belong to its bits."""
-    if precision == "stored":
-        return sum(e.nbytes for e in entries)
-    return math.ceil(sum(_bits(e, precision) for e in entries if not e.name.endswith(SCALE_SUFFIX)) / 8)
-
-
-def step_bytes(entries: list[TensorEntry], precision: str, routed_fraction: float) -> int:
-    """Bytes a batch-1 step reads of these tensors: routed experts at routed_fraction (k/E), the rest in full."""
-    routed = [e for e in entries if is_routed(e.name)]
-    rest = [e for e in entries if not is_routed(e.name)]
-    return bytes_at(rest, precision) + round(bytes_at(routed, precision) * routed_fraction)
+from .geometry import PRECISIONS, bytes_at, is_routed, step_bytes
 
 
 @dataclass(frozen=True)
@@ -179,7 +135,7 @@ def take_inventory(info: CheckpointInfo) -> Inventory:
         moe = g.moe or info.routing
         readings |= {"routing": moe.routing, "n_group": moe.n_group, "topk_group": moe.topk_group,
                      "routed_scaling_factor": moe.routed_scaling_factor}
-    from .roofline import geometry_of_checkpoint
+    from .geometry import geometry_of_checkpoint
 
     cost = geometry_of_checkpoint(info)
     kv_cache = {"kind": "mla" if g.mla is not None else "gqa", "layers": cost.full_layers,

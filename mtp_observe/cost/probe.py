@@ -78,10 +78,10 @@ import torch.nn.functional as F
 
 from .. import __version__
 from ..errors import OptionError
+from ..model.loading import load_model, resolve_device, resolve_dtype
 from ..model.target import _cache_kwarg
-from ..report.denominator import PROBE_VERSION
-from ..run.pipeline import load_model, resolve_device, resolve_dtype
 from .inventory import take_inventory
+from .speedup import PROBE_VERSION
 
 CPU_NOTE = ("measured on a CPU: CPU figures do not stand for a GPU's (batch-1 decode on a GPU is bound by memory "
             "bandwidth, on a CPU by compute and caches); run the probe on the serving GPU for a cost to gate on")

@@ -118,3 +118,40 @@ def request_rows(
     for name, values in reductions.p_accept.items():
         cols[f"p_accept_{name}"] = values.cpu().numpy().astype(np.float32)
     return cols
+
+
+def rows_of(reductions, lo: int, hi: int):
+    """The Reductions of rows lo..hi-1 (the fit sums stay with the whole request)."""
+    from ..model.target import Reductions
+
+    return Reductions(target_token=reductions.target_token[lo:hi], target_logprob=reductions.target_logprob[lo:hi],
+                      actual_logprob=reductions.actual_logprob[lo:hi],
+                      p_accept={name: values[lo:hi] for name, values in reductions.p_accept.items()})
+
+
+class NonFiniteOutput(ValueError):
+    """The target's or the head's outputs hold NaN or inf (the pipeline adds the session and model)."""
+
+
+def check_finite(columns: dict, head=None) -> None:
+    """Raise NonFiniteOutput when a float column of a request's rows is not finite. The columns are numpy
+    arrays already on the host (request_rows brought them there), so this adds no device sync.
+
+    Where a drafter proposed nothing (draft_token -1) target_logprob is NaN by definition; draft_logprob is
+    checked on the rows `head` marks ([R] bool: the head drafted them; None: every row)."""
+    import numpy as np
+
+    proposed = columns["draft_token"] >= 0
+    target = [c for c in ["target_logprob", "actual_logprob"] + sorted(c for c in columns if c.startswith("p_accept_"))
+              if c in columns]
+    head = np.ones(len(proposed), dtype=bool) if head is None else head
+    for who, names in (("the target's", target), ("the MTP head's", ["draft_logprob"])):
+        for name in names:
+            values = columns[name]
+            if name == "target_logprob":
+                values = values[proposed]
+            elif name == "draft_logprob":
+                values = values[head & proposed]
+            if not np.isfinite(values).all():
+                bad = int((~np.isfinite(values)).sum())
+                raise NonFiniteOutput(f"{who} outputs are not finite ({bad} of {len(values)} {name} values NaN or inf)")

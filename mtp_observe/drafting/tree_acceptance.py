@@ -49,8 +49,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..run.tables import NOT_A_TREE  # noqa: F401  (tree_node of a row that is not a tree's: written as null)
-
 KEPT, PRUNED, NOT_PROPOSED, NOT_EXPANDED, OFF_PATH = 2, 1, 0, -1, -2
 WHY = {KEPT: "kept", PRUNED: "cut by the T-1 budget", NOT_PROPOSED: "not among the node's top-K children",
        NOT_EXPANDED: "its parent left the frontier (the K best of a level)", OFF_PATH: "the path left the tree earlier"}

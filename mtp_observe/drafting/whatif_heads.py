@@ -54,7 +54,7 @@ def reduce_with(reduce, positions: torch.Tensor, actuals: torch.Tensor, extra_to
     if not extra_tokens:
         return reduce, lambda: []
     from ..model.target import Reductions
-    from ..run.pipeline import _rows_of
+    from .acceptance import rows_of
 
     held = {}
 
@@ -65,8 +65,8 @@ def reduce_with(reduce, positions: torch.Tensor, actuals: torch.Tensor, extra_to
         r = reduce(torch.cat([p] + [positions] * len(extra_tokens)), torch.cat([t] + extra_tokens),
                    torch.cat([x] + [actuals] * len(extra_tokens)), no_min_p=no_min_p)
         R = positions.shape[0]
-        held["extra"] = [_rows_of(r, n + i * R, n + (i + 1) * R) for i in range(len(extra_tokens))]
-        head = _rows_of(r, 0, n)
+        held["extra"] = [rows_of(r, n + i * R, n + (i + 1) * R) for i in range(len(extra_tokens))]
+        head = rows_of(r, 0, n)
         return Reductions(head.target_token, head.target_logprob, head.actual_logprob, head.p_accept,
                           fit_tokens=r.fit_tokens, fit=r.fit)
 
@@ -79,8 +79,7 @@ def with_whatif_rows(columns: dict, whatifs: HeadWhatIfs, drafts, other: dict, r
     NaN elsewhere), followed by every what-if precision's rows (drafter mtp, draft_k Kmax in a run of drafters)."""
     import numpy as np
 
-    from ..run.pipeline import check_finite
-    from .acceptance import request_rows
+    from .acceptance import check_finite, request_rows
 
     a, k = index.anchor_index, index.depth
     R = len(columns["pos"])
@@ -105,7 +104,7 @@ def with_whatif_rows(columns: dict, whatifs: HeadWhatIfs, drafts, other: dict, r
             # as drafter_columns counts the served head's: the tokens its anchor's draft holds
             cols["draft_len"] = (d.tokens >= 0).sum(dim=1).cpu().numpy().astype(np.int8)[a.numpy()]
         if "tree_node" in columns:  # a run with --tree too: null on these rows, as on every chain row
-            from .tree_acceptance import NOT_A_TREE
+            from .columns import NOT_A_TREE
 
             cols["tree_node"] = np.full(len(cols["pos"]), NOT_A_TREE, dtype=np.int8)
         out.append(cols)

@@ -17,8 +17,9 @@ import numpy as np
 
 from ..errors import EngineMetricsError, OptionError
 from ..report import Report
+from ..report.flags import reading_note
 from .counters import EngineMeasurement, check_acceptance_length
-from .exports import engine_numbers, reading_note
+from .numbers import engine_numbers
 
 TRAFFIC = ("same", "other")  # compare --traffic
 BF16_DRAFT_FLIP_SHARE = 0.0069  # drafts that differ between a bfloat16 and a float32 replay of the same tokens: 0.69%

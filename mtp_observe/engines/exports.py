@@ -95,6 +95,15 @@ import numpy as np
 
 from ..errors import OptionError
 from ..report import Reading, Report, Run, simulated_walks
+from ..report.flags import (
+    DYNAMIC_LIMITS,
+    UNLIMITED_CACHED_REQUESTS,
+    drafter_runner,
+    dynamic_config,
+    report_speculative_config,
+    sglang_args,
+    vllm_unservable,
+)
 from .counters import (  # noqa: F401 (read_engine_metrics and the readers are this module's contract too)
     VLLM_COUNTERS,
     EngineMeasurement,
@@ -104,214 +113,20 @@ from .counters import (  # noqa: F401 (read_engine_metrics and the readers are t
     read_prometheus,
     read_sglang_log,
 )
+from .numbers import DIGITS, EngineNumbers, engine_numbers
 
 ENGINES = ("vllm", "sglang", "trtllm", "speculation-profile", "aiconfigurator")
 SPECULATION_PROFILE_VERSION = "1.0"  # Model-Optimizer's SCHEMA_VERSION this file follows
 PROFILE_MEAN_TOLERANCE = 0.02  # Model-Optimizer's _consistency_check tolerance
 PROFILE_MONOTONE_SLACK = 1e-9  # its _monotonicity_check slack
-DIGITS = 6  # Model-Optimizer rounds its vectors to 6 decimals; every export here does
 
 
 # ---------------------------------------------------------------------------------------------
 # 1. The run's numbers as the engine counts them
 
 
-@dataclass(frozen=True)
-class EngineNumbers:
-    """The overall slice at one draft length K over the simulated decode's steps (vLLM's counters), with the
-    all-anchor rates beside them. Intervals are the report's bootstrap bounds (None where there are none)."""
-
-    k: int
-    level: float  # interval level (0.95)
-    steps: int  # vLLM num_drafts: the simulated decode's steps whose draft holds a token (every step: mtp, V2 n-gram)
-    accepted: int  # num_accepted_tokens
-    per_pos_counts: tuple[int, ...]  # [K] num_accepted_tokens_per_pos
-    histogram: tuple[int, ...]  # [K+1] steps (with a draft) by accepted drafts 0..K
-    per_position: np.ndarray  # [K] per_pos / num_drafts = the marginal rates
-    per_position_lo: np.ndarray | None  # [K]
-    per_position_hi: np.ndarray | None
-    mean_acceptance_length: float  # 1 + accepted / steps
-    mean_acceptance_length_lo: float | None
-    mean_acceptance_length_hi: float | None
-    draft_acceptance_rate: float  # accepted / (K · steps)
-    accept_rate: np.ndarray  # [K] all-anchor A_k
-    tau: float  # all-anchor τ(K) = 1 + Σ A_k
-    tau_sim: float  # tokens / steps of the simulated decode (no bonus token past the end of a turn)
-    drafted: tuple[int, ...] = ()  # [K] steps whose draft holds at least k tokens (drafted[0] = steps); () = K each
-
-    @property
-    def drafted_per_pos(self) -> tuple[int, ...]:
-        return self.drafted or (self.steps,) * self.k
-
-    @property
-    def draft_tokens(self) -> int:
-        return sum(self.drafted_per_pos)  # vLLM num_draft_tokens: K per step for mtp, the last of a turn too
-
-    @property
-    def variable_length(self) -> bool:
-        """Whether some step drafted fewer than K tokens (suffix decoding, V1's n-gram)."""
-        return any(d != self.steps for d in self.drafted_per_pos)
-
-    @property
-    def synthetic_rates(self) -> list[float]:
-        """What vLLM's synthetic_acceptance_rates must be to reproduce the run (synthetic_rates())."""
-        return synthetic_rates(self.per_pos_counts, self.drafted_per_pos)
-
-    @property
-    def conditional(self) -> list[float]:
-        """P(draft k accepted | drafts < k accepted) = marginal[k] / marginal[k-1], 0 after a 0 (Model-Optimizer's)."""
-        out, prev = [], 1.0
-        for m in self.per_position:
-            out.append(float(m) / prev if prev > 0 else 0.0)
-            prev = float(m)
-        return out
-
-
-def synthetic_rates(accepted: tuple[int, ...], drafted: tuple[int, ...]) -> list[float]:
-    """vLLM's `synthetic_acceptance_rates` under which its synthetic sampler, on steps drafting as the run's did,
-    accepts the run's drafts: accepted [K] steps accepting at least k drafts, drafted [K] steps drafting at least k.
-
-    vLLM's synthetic rejection sampler (vllm/v1/sample/rejection_sampler.py, rejection_greedy_sample_kernel
-    :793-844 and rejection_random_sample_kernel :896-954; V2 vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py
-    `_rejection_kernel`) walks a step's own drafts only (`for pos in range(num_draft_tokens)`), accepting draft pos
-    with the conditional rate c_pos = p_pos / p_{pos-1} (vllm/v1/spec_decode/utils.py:848-851
-    `unconditional_to_conditional_rates`); a step that drafted j < K tokens accepts at most j, one that drafted
-    nothing has no draft. So P(a step drafting j accepts at least k) = p_{k-1} for k <= j, and the expected accepted
-    drafts are Σ_k p_{k-1} · drafted[k-1]: p_{k-1} = accepted[k-1] / drafted[k-1] (the rate over the steps that
-    drafted at least k) gives the run's. vLLM refuses rates that increase (vllm/config/speculative.py:600-632
-    `_resolve_synthetic_acceptance_rates`), which a variable-length drafter can have (long drafts come where they
-    are accepted); adjacent violators are pooled, weighted by drafted (Σ accepted / Σ drafted over the pool), which
-    keeps Σ_k p_{k-1} · drafted[k-1] = Σ accepted, so the mean acceptance length still comes out the run's while
-    the per-position rates inside a pool are averaged. Positions no step drafted are 0.
-
-    Worked example: drafted [10, 4], accepted [5, 3] -> raw [0.5, 0.75] -> pooled 8 / 14 = 0.571429 at both
-    (14 · 0.571429 = 8 accepted drafts over 10 steps: mean acceptance length 1.8, as the run's). Every step
-    drafting K (drafted [n] * K) gives accepted / n: the run's per-position rates, unchanged.
-    """
-    assert len(accepted) == len(drafted) and all(0 <= a <= d for a, d in zip(accepted, drafted)), (accepted, drafted)
-    assert all(b <= a for a, b in zip(drafted, drafted[1:])), drafted
-    blocks: list[list[float]] = []  # [accepted, drafted, positions] pooled from the left
-    for a, d in zip(accepted, drafted):
-        blocks.append([float(a), float(d), 1])
-        while len(blocks) > 1 and blocks[-1][1] > 0 and \
-                blocks[-1][0] * blocks[-2][1] > blocks[-2][0] * blocks[-1][1]:  # the later rate is larger: pool
-            a2, d2, n2 = blocks.pop()
-            blocks[-1] = [blocks[-1][0] + a2, blocks[-1][1] + d2, blocks[-1][2] + n2]
-    rates: list[float] = []
-    for a, d, n in blocks:
-        rates += [a / d if d > 0 else 0.0] * int(n)
-    out = [round(r, DIGITS) for r in rates]
-    assert all(b <= a for a, b in zip(out, out[1:])), out
-    return out
-
-
-def _check_k(report: Report, k: int | None) -> int:
-    k = report.best_k if k is None else k
-    if not 1 <= k <= report.k:
-        raise OptionError(f"--k {k}: the run replayed draft lengths 1..{report.k}; choose one of them")
-    return k
-
-
-def engine_numbers(report: Report, k: int | None = None) -> EngineNumbers:
-    """The overall slice's engine-counted numbers at K (default: the best K)."""
-    k = _check_k(report, k)
-    o = report.overall
-    counts = o.per_session.total()
-    if int(np.asarray(counts.steps)[k - 1]) == 0:
-        raise OptionError(f"{report.path}: the run has no simulated decode steps at K={k} (no scored turns); "
-                          "replay sessions with generated turns")
-    drafted = (tuple(int(x) for x in np.asarray(counts.step_drafted)[k - 1, :k]) if counts.step_drafted is not None
-               else (int(np.asarray(counts.steps)[k - 1]),) * k)
-    steps = drafted[0]  # vLLM's num_drafts: the steps with a draft
-    if steps == 0:
-        raise OptionError(f"{report.path}: the {report.drafter} drafter proposed nothing at any step of the simulated "
-                          f"decode at K={k}: an engine would count no draft")
-    per_pos_counts = [int(x) for x in np.asarray(counts.step_accepted)[k - 1, :k]]
-    reaching = [steps] + per_pos_counts
-    histogram = tuple(reaching[j] - reaching[j + 1] for j in range(k)) + (reaching[k],)
-    assert all(h >= 0 for h in histogram), histogram  # a chain: depth k accepted only after k-1
-
-    def at(r, field):
-        return None if r is None else getattr(r, field)
-
-    lo_pos, hi_pos = at(o.lo, "per_position_acceptance"), at(o.hi, "per_position_acceptance")
-    lo_mal, hi_mal = at(o.lo, "mean_acceptance_length"), at(o.hi, "mean_acceptance_length")
-    v = o.value
-    return EngineNumbers(
-        k=k, level=report.level, steps=steps, accepted=sum(per_pos_counts), per_pos_counts=tuple(per_pos_counts),
-        histogram=histogram, per_position=np.asarray(v.per_position_acceptance[k - 1, :k], dtype=np.float64),
-        per_position_lo=None if lo_pos is None else np.asarray(lo_pos[k - 1, :k]),
-        per_position_hi=None if hi_pos is None else np.asarray(hi_pos[k - 1, :k]),
-        mean_acceptance_length=float(v.mean_acceptance_length[k - 1]),
-        mean_acceptance_length_lo=None if lo_mal is None else float(lo_mal[k - 1]),
-        mean_acceptance_length_hi=None if hi_mal is None else float(hi_mal[k - 1]),
-        draft_acceptance_rate=float(v.draft_acceptance_rate[k - 1]),
-        accept_rate=np.asarray(v.accept_rate[:k], dtype=np.float64), tau=float(v.tau[k - 1]),
-        tau_sim=float(v.tau_sim[k - 1]), drafted=drafted,
-    )
-
-
 # ---------------------------------------------------------------------------------------------
 # 2. Serve flags
-
-
-# vLLM's suffix-decoding keys and the run.json drafters.suffix parameter each one is (tables.py)
-_VLLM_SUFFIX_KEYS = (("suffix_decoding_max_tree_depth", "max_tree_depth"),
-                     ("suffix_decoding_max_cached_requests", "max_cached_requests"),
-                     ("suffix_decoding_max_spec_factor", "max_spec_factor"),
-                     ("suffix_decoding_min_token_prob", "min_token_prob"))
-
-
-VLLM_DRAFTERS = ("mtp", "ngram", "suffix")  # the run's drafters vLLM serves (its "method"); not the hybrids
-# Arctic's cache takes -1 for "no limit" and refuses more than 2^31 - 1 (arctic_inference/suffix_decoding/cache.py
-# SuffixDecodingCache.__init__); vLLM refuses < 0 (vllm/config/speculative.py:1746-1750 `_validate_suffix_decoding`).
-# 2^31 - 1 cached requests is what both accept that never evicts: the unlimited cache the run measured.
-UNLIMITED_CACHED_REQUESTS = 0x7FFFFFFF
-
-
-def drafter_runner(manifest: dict, drafter: str) -> str:
-    """The vLLM model runner the run's drafter rows describe (run.json drafters.NAME.runner, drafters/roster.py);
-    a run written before it has none: its n-gram and suffix rows followed V1's rules, its mtp rows V2's."""
-    entry = (manifest.get("drafters") or {}).get(drafter) or {}
-    runner = entry.get("runner") if isinstance(entry, dict) else None
-    return runner if runner in ("v1", "v2") else ("v2" if drafter == "mtp" else "v1")
-
-
-def vllm_unservable(drafter: str, params: dict | None) -> str | None:
-    """Why vLLM cannot serve the drafter as the run measured it (None: it can): a hybrid, or suffix decoding with
-    an Arctic option vLLM has no key for (max_spec_offset: vLLM never passes it, vllm/v1/spec_decode/suffix_decoding.py
-    leaves SuffixDecodingCache.speculate's default 0.0)."""
-    if drafter not in VLLM_DRAFTERS:
-        return f"vLLM serves no {drafter} drafter"
-    offset = (params or {}).get("max_spec_offset") or 0.0
-    if drafter == "suffix" and offset != 0:
-        return (f"the run's suffix drafter used --suffix-max-spec-offset {offset:g}, and vLLM has no such option (it "
-                "always drafts with offset 0); replay with --suffix-max-spec-offset 0 to measure what vLLM serves")
-    return None
-
-
-def vllm_speculative_config(k: int, drafter: str = "mtp", params: dict | None = None) -> dict | None:
-    """vLLM's --speculative-config for the run's drafter at draft length K (static); None for a drafter vLLM cannot
-    serve as measured (vllm_unservable). ngram and suffix carry the run's own parameters (run.json drafters); a
-    suffix cache without a limit (negative) becomes UNLIMITED_CACHED_REQUESTS, which vLLM accepts."""
-    params = params or {}
-    if vllm_unservable(drafter, params) is not None:
-        return None
-    if drafter == "mtp":
-        return {"method": "mtp", "num_speculative_tokens": k}
-    if drafter == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": params["prompt_lookup_min"],
-                "prompt_lookup_max": params["prompt_lookup_max"]}
-    config = {"method": "suffix", "num_speculative_tokens": k,
-              **{key: params[name] for key, name in _VLLM_SUFFIX_KEYS if name in params}}
-    if config.get("suffix_decoding_max_cached_requests", 0) < 0:
-        config["suffix_decoding_max_cached_requests"] = UNLIMITED_CACHED_REQUESTS
-    return config
-
-
-def report_speculative_config(report: Report, k: int) -> dict | None:
-    drafter = report.drafter
-    return vllm_speculative_config(k, drafter, (report.manifest.get("drafters") or {}).get(drafter))
 
 
 def engine_notes(report: Report) -> list[str]:
@@ -340,26 +155,6 @@ def engine_notes(report: Report) -> list[str]:
     return notes
 
 
-# Where vLLM drops num_speculative_tokens_per_batch_size (a warning, then the static num_speculative_tokens):
-# vllm/config/vllm.py:1110-1127 `_maybe_disable_dynamic_sd_for_data_parallel` (data_parallel_size > 1, every
-# method) and :1088-1108 `_maybe_disable_dynamic_sd_for_v1` (V1 runner, methods other than ngram, eagle, eagle3,
-# mtp, draft_model, dflash: suffix decoding, which always runs on V1, vllm/config/vllm.py:3053-3087).
-DYNAMIC_LIMITS = ("vLLM drops num_speculative_tokens_per_batch_size with a warning and serves the static "
-                  "num_speculative_tokens under data parallelism (data_parallel_size > 1, any method) and for suffix "
-                  "decoding (its V1 runner does not support it); with tensor parallelism alone it applies")
-
-
-def dynamic_config(report: Report) -> dict | None:
-    """vLLM's dynamic speculative decoding config from the report's schedule over batch sizes (report.batch,
-    cost.schedule: `num_speculative_tokens_per_batch_size`, K capped at `num_speculative_tokens`), when the
-    schedule changes K across batch sizes (one range is the static config) and the drafter is MTP (the limits of
-    DYNAMIC_LIMITS, stated wherever the schedule is written)."""
-    b = report.batch
-    if b is None or report.drafter != "mtp" or len(b.schedule) < 2:
-        return None
-    return b.speculative_config
-
-
 def vllm_synthetic_config(config: dict, n: EngineNumbers) -> dict:
     """vLLM's synthetic rejection sampler fed the rates that reproduce the run (synthetic_rates): for a drafter that
     drafts K at every step, the run's per-step marginal rates (its per_pos / num_drafts then reproduce the run's,
@@ -368,93 +163,6 @@ def vllm_synthetic_config(config: dict, n: EngineNumbers) -> dict:
     rates = n.synthetic_rates
     assert all(0.0 <= r <= 1.0 for r in rates) and all(b <= a for a, b in zip(rates, rates[1:])), rates
     return {**config, "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": rates}
-
-
-def sglang_args(k: int) -> list[str]:
-    """SGLang's chain MTP flags at K: K draft steps, top-1, K + 1 verified tokens (the committed one included)."""
-    return ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", str(k + 1)]
-
-
-def _json(obj) -> str:
-    return json.dumps(obj, separators=(", ", ": "))
-
-
-def reading_note(report: Report, engine: str) -> str | None:
-    """Where `engine` reads this run's head otherwise than the run replayed it (NextN heads: families.head_reading),
-    in one line, or None. A run without head_reading (schema_version 2) replayed a Qwen head, read alike by both."""
-    from ..model.families import ENGINE_NAMES, FAMILIES, head_reading
-
-    m = report.manifest
-    ran = m.get("head_reading")
-    model_type = (m.get("model") or {}).get("model_type")
-    if not isinstance(ran, dict) or model_type not in FAMILIES or ran.get("engine") == engine:
-        return None
-    theirs = head_reading(model_type, engine)
-    diffs = []
-    if bool(ran.get("zero_position_0_embedding")) != theirs.zero_position_0_embedding:
-        diffs.append("zeroes the embedding at position 0" if theirs.zero_position_0_embedding else
-                     "keeps the embedding at position 0 (the run zeroed it)")
-    if ran.get("fed_back_state") != theirs.fed_back:
-        diffs.append(f"feeds the {theirs.fed_back.replace('_', '-')} state back at chain step 2 and on (the run: "
-                     f"{str(ran.get('fed_back_state')).replace('_', '-')})")
-    if not diffs:
-        return None
-    name = ENGINE_NAMES[engine]
-    return (f"this run replayed the {model_type} head as {ENGINE_NAMES.get(ran.get('engine'), ran.get('engine'))} "
-            f"{ran.get('engine_version')} reads it; "
-            f"{name} {theirs.version} {' and '.join(diffs)}: replay --head-reading {engine} to measure what {name} serves "
-            "(docs/nextn.md)")
-
-
-def _flag_lines(report: Report, k: int, lead: str, full: bool) -> list[str]:
-    """vLLM's (and SGLang's, for MTP) flags at K after `lead`; full: the dynamic schedule and SGLang's line too."""
-    drafter = report.drafter
-    config = report_speculative_config(report, k)
-    if config is None:
-        why = vllm_unservable(drafter, (report.manifest.get("drafters") or {}).get(drafter))
-        return [f"{lead} no engine flag ({why}{'' if drafter in VLLM_DRAFTERS else '; nor does SGLang'})"]
-    env = "VLLM_USE_V2_MODEL_RUNNER=0 " if drafter == "ngram" and drafter_runner(report.manifest, drafter) == "v1" else ""
-    lines = [f"{lead} {env}vllm serve MODEL --speculative-config '{_json(config)}'"]
-    note = reading_note(report, "vllm") if drafter == "mtp" else None
-    if note is not None:
-        lines.append(f"  note: {note}")
-    if not full:
-        return lines
-    dynamic = dynamic_config(report)
-    if dynamic is not None:
-        lines.append(f"  vLLM by batch size (dynamic speculative decoding; dropped under data parallelism): "
-                     f"--speculative-config '{_json(dynamic)}'")
-    if drafter == "mtp":
-        lines.append("  SGLang: python -m sglang.launch_server --model-path MODEL " + " ".join(sglang_args(k)))
-        note = reading_note(report, "sglang")
-        if note is not None:
-            lines.append(f"  note: {note}")
-    return lines
-
-
-def _what(report: Report) -> str:
-    return "MTP" if report.drafter == "mtp" else f"the {report.drafter} drafter"
-
-
-def serve_lines(report: Report) -> list[str]:
-    """The engines' flags of the verdict's K to run, for people — only when the verdict serves (GO at a K whose
-    speedup beats 1: Verdict.serves); otherwise none: nothing recommends a serve line the verdict does not."""
-    v = report.verdict
-    if not v.serves:
-        return []
-    return _flag_lines(report, v.run_k, f"serve {_what(report)} at K={v.run_k}:", full=True)
-
-
-def what_if_lines(report: Report) -> list[str]:
-    """When the verdict does not serve but the best K's speedup beats 1 on its point estimate: the flags it would
-    take, labelled "not recommended" (report --details). None when the verdict serves or nothing pays."""
-    v, k = report.verdict, report.best_k
-    speedup = float(report.overall.value.speedup[k - 1])
-    if v.serves or not (math.isfinite(speedup) and speedup > 1.0):
-        return []
-    return _flag_lines(report, k, f"not recommended ({v.status}, K to run 0): {_what(report)} at the best K={k} would "
-                                  "be:", full=False)
 
 
 # ---------------------------------------------------------------------------------------------

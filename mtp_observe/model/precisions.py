@@ -173,7 +173,7 @@ def _round(t: torch.Tensor, fmt: str | None, global_amax=None) -> torch.Tensor:
 
 
 def _fp8_served(t: torch.Tensor, rule) -> torch.Tensor:
-    """A block-FP8 matrix as the run's serve device serves it (serving.LinearRule, as checkpoint.load_head_tensors
+    """A block-FP8 matrix as the run's serve device serves it (serving.LinearRule, as weights.load_head_tensors
     serves a block-FP8 checkpoint's): the round trip's value, re-quantised to UE8M0 block scales where vLLM does that
     at load (fp8.requantise_ue8m0), and a weight whose F.linear quantises its input under W8A8 (fp8.w8a8)."""
     from .fp8 import requantise_ue8m0, w8a8

@@ -16,7 +16,7 @@ Formats (the names `precisions.py` uses):
                    one float32 `weight_scale_inv` per 128 x 128 block (partial blocks at the edges), scale =
                    block amax / 448, code = e4m3(w / scale) (round to nearest even, clamped to +-448);
                    served value code * scale (DeepSeek-V3 inference/kernel.py `weight_dequant_kernel`,
-                   checkpoint.dequantize_blockwise). An all-zero block: codes 0, served 0 (DeepSeek's
+                   weights.dequantize_blockwise). An all-zero block: codes 0, served 0 (DeepSeek's
                    `weight_quant_kernel` and ModelOpt divide 0 / 0 there; vLLM's `per_block_cast_to_fp8`
                    clamps amax at 1e-4; every one serves zeros).
     int8_channel   INT8, symmetric, one scale per output channel (row), as compressed-tensors computes it for
@@ -164,7 +164,7 @@ def fp8_block_quantise(w: Tensor, block: tuple[int, int] = FP8_BLOCK) -> tuple[T
 
 def fp8_block_dequantise(codes: Tensor, scale: Tensor, block: tuple[int, int] = FP8_BLOCK) -> Tensor:
     """codes [..., R, C] e4m3, scale [..., ceil(R/br), ceil(C/bc)] -> [..., R, C] float32: codes * their block's scale
-    (checkpoint.dequantize_blockwise's arithmetic: one product per value)."""
+    (weights.dequantize_blockwise's arithmetic: one product per value)."""
     br, bc = block
     R, C = codes.shape[-2:]
     expanded = scale.to(F32).repeat_interleave(br, dim=-2)[..., :R, :].repeat_interleave(bc, dim=-1)[..., :C]

@@ -174,7 +174,7 @@ def quantize_fp8_blockwise(w: Tensor, block: tuple[int, int] = FP8_BLOCK, scale_
     """w: [..., R, C] -> (q [..., R, C] float8_e4m3fn, weight_scale_inv [..., ceil(R/br), ceil(C/bc)] scale_dtype).
 
     Per block: scale = amax / 448 (stored in scale_dtype, and that stored value is the one q is computed
-    with), q = w / scale rounded to e4m3; the serving value is q * scale (checkpoint.dequantize_blockwise).
+    with), q = w / scale rounded to e4m3; the serving value is q * scale (weights.dequantize_blockwise).
     The last block of a dimension that is not a multiple of the block is partial (padded with zeros here).
     """
     br, bc = block
@@ -344,7 +344,7 @@ def write_fp8_copy(src: str | Path, dst: str | Path, scale_dtype=torch.float32, 
 def write_dequantised_copy(src: str | Path, dst: str | Path, dtype=torch.float32) -> Path:
     """A float checkpoint holding the serving values q * scale of a block-FP8 one (scales and
     quantization_config dropped): what the FP8 checkpoint must replay exactly like."""
-    from .checkpoint import dequantize_blockwise
+    from .weights import dequantize_blockwise
 
     config = json.loads((Path(src) / "config.json").read_text())
     block = tuple(config["quantization_config"]["weight_block_size"])

@@ -1,34 +1,38 @@
-"""The report: a run directory read back, summarised, judged against a gate, compared with a baseline.
+"""The report stage: a run directory read back, summarised, judged against a gate, compared with a baseline, shown.
 
-Its stages, in the order the data flows (each module opens with its own contract):
+Its modules, in the order the data flows (each opens with its own contract):
 
     run          load_run(path) -> Run: the run directory read back and checked; newest_run(root)
+    metrics      the counts and every rate derived from them, in one place; the simulated decode
+    denominator  the speedup's denominator for a run: --probe, --draft-cost, the roofline, per batch size
     tallies      counts per slice (tally), the simulated decode's walks, the what-if steps, the resampling plan
                  and the slices with their bootstrap intervals
+    recording    the recording-sampler fit: which candidate sampler the traffic fits
     advice       why a verdict is UNRELIABLE and the commands that fix it; what to run after a GO or a NO-GO
-    verdict      the gate (parse_gate), the recording-sampler fit (recording_sampler) and the judge: the one decision
-                 (status, the K to run, why, next steps) that every view renders
+    verdict      the gate (parse_gate) and the judge: the one decision (status, the K to run, why, next steps)
+                 that every view renders
     summary      summarize(run, cost) -> Report: every metric of ACCEPTANCE.md per K <= Kmax, sliced by segment,
                  context length, turn and session, the verdict; the same at the gated batch size
     drafters     every drafter of the run summarised on the same anchors and ranked
     trees        the tree configurations and layer rules of the run, by the same functions, beside the chain
+    whatifs      the head at other precisions and confidence-stopped drafting, beside the served head
     baseline     compare(report, baseline) -> Comparison
     reading      read_and_summarize(path, ...) -> Reading: all of the above, as `mtp-observe report` runs it
     document     report_json(report, comparison): the stable JSON (`--format json`, keys in docs/report-json.md)
+    flags        the serve flags a verdict stands for (vLLM, SGLang)
+    layout, presentation, tree_tables, plotting, heatmap: the views (terminal, Markdown, PNG, a session's heatmap)
 
-The speedup's denominator (--probe, --draft-cost, the roofline; per batch size) is mtp_observe.report.denominator,
-beside cost.py. Counts are taken here; rates are derived only in metrics.py; presenting lives in
-presentation.py and heatmap.py. Imports no torch: pandas, numpy and pyarrow only, so a CI job reads a run
-without the model stack. The names below are the package's public ones (the CLI, engines, presentation and
-the tests import them from here).
+Counts are taken here; rates are derived only in metrics.py; the views compute nothing. Imports no torch: pandas,
+numpy and pyarrow only, so a CI job reads a run without the model stack. The names below are the package's public
+ones (the CLI, engines, presentation and the tests import them from here).
 """
 
+from ..cost.speedup import PROBE_VERSION
 from ..run.tables import read_dataset
 from .advice import CAUSES, DEFAULT_MIN_SESSIONS, FLOOR_MIN_SESSIONS, Cause, Facts
 from .baseline import Comparison, Delta, compare
 from .denominator import (
     MODEL_FREE_DRAFTERS,
-    PROBE_VERSION,
     Cost,
     CostTable,
     cost_table,
@@ -42,6 +46,7 @@ from .denominator import (
 from .document import REPORT_VERSION, report_json
 from .drafters import DrafterSummary, Rank, rank_drafters, summarize_drafters
 from .reading import Reading, read_and_summarize
+from .recording import Candidate, RecordingSampler
 from .run import LoopSteps, Rows, Run, Spans, judged_drafter, load_run, newest_run, run_drafters
 from .summary import BatchSpeedup, Report, SpeculativeCheck, batch_speedups, summarize, summarize_at_batch
 from .tallies import (
@@ -55,7 +60,7 @@ from .tallies import (
     what_if_steps,
 )
 from .trees import Configuration, LayerRule, TreeSummary, run_layer_rules, run_trees, summarize_trees, tree_cost
-from .verdict import DEFAULT_GATE, GATE_METRICS, Candidate, Gate, RecordingSampler, Verdict, judge, parse_gate
+from .verdict import DEFAULT_GATE, GATE_METRICS, Gate, Verdict, judge, parse_gate
 
 __all__ = [
     "BatchSpeedup", "CAUSES", "CONTEXT_BINS", "Candidate", "Cause", "DEFAULT_MIN_SESSIONS", "FLOOR_MIN_SESSIONS", "Facts",

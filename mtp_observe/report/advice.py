@@ -21,16 +21,16 @@ it is the default; below it the estimates are shown with the turn-level interval
 
 from __future__ import annotations
 
-import math
 import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .metrics import MIN_SESSIONS_FOR_BOOTSTRAP, MIN_SESSIONS_FOR_VERDICT
+from .recording import candidate_stats
 
 if TYPE_CHECKING:
+    from .recording import RecordingSampler
     from .run import Run
-    from .verdict import Candidate, RecordingSampler
 
 DEFAULT_MIN_SESSIONS = MIN_SESSIONS_FOR_BOOTSTRAP  # --min-sessions: the size a bootstrap over sessions needs
 FLOOR_MIN_SESSIONS = MIN_SESSIONS_FOR_VERDICT  # --min-sessions below this is refused: one session says nothing of the next
@@ -84,13 +84,6 @@ def _model(f: Facts) -> str:
 
 def _k(f: Facts) -> str:
     return "" if f.k == 4 else f" --k {f.k}"  # replay's default --k is 4
-
-
-def candidate_stats(c: "Candidate") -> str:
-    """'thinking_coding: support 0.834, calibration 0.876, z -53.6' (greedy: the support alone)."""
-    z = "" if c.greedy or not math.isfinite(c.z) else f", z {c.z:+.1f}"
-    cal = "" if c.greedy else f", calibration {c.calibration:.3f}"
-    return f"{c.name}: support {c.support:.3f}{cal}{z}"
 
 
 def unfinished(f: Facts, status: str) -> Cause:

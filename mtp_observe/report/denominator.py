@@ -23,22 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cost.roofline import (
-    DEFAULT_BATCHES,
-    DEFAULT_DEVICE,
-    ExpertCounts,
-    Geometry,
-    StepTimes,
-    batch1_times,
-    expected_distinct,
-    parse_device,
-    roofline_times,
-    step_times_from_probe,
-)
+from ..cost.geometry import Geometry
+from ..cost.roofline import DEFAULT_DEVICE, ExpertCounts, expected_distinct, parse_device, roofline_times
+from ..cost.speedup import DEFAULT_BATCHES, PROBE_VERSION, StepTimes, batch1_times, step_times_from_probe
 from ..errors import OptionError
 from ..run.tables import _one_line, _run_error, has_column, read_dataset
-
-PROBE_VERSION = 2  # the "probe_version" probe.json carries (written by probe.py; 2 added batch_sizes and batches)
 
 
 @dataclass(frozen=True)
@@ -245,7 +234,7 @@ def run_geometry(run) -> tuple[Geometry | None, str | None]:
             return None, f"run.json model.cost_geometry is unreadable ({_one_line(e)})"
     where = model.get("path")
     if where and Path(where).is_dir():
-        from ..cost.roofline import geometry_of_checkpoint
+        from ..cost.geometry import geometry_of_checkpoint
         from ..errors import CheckpointError
         from ..model.checkpoint import read_checkpoint
 

@@ -15,9 +15,9 @@ import numpy as np
 from .baseline import Comparison, Delta
 from .denominator import Cost
 from .metrics import CALIBRATION_TOLERANCE, LL_FLOOR, Z_MAX, Rates
+from .recording import Candidate, RecordingSampler
 from .summary import BatchSpeedup, Report
 from .tallies import Slice
-from .verdict import Candidate, RecordingSampler
 
 REPORT_VERSION = 3  # the "report_version" of report_json; bump on an incompatible key change (2: best.tau_sim is the
 # verdict's τ, speedup from τ_sim, recorded_with, slices.context, tau_profile is the position-aware what-if estimate;

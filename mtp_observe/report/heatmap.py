@@ -76,7 +76,7 @@ def colour(accepted: int, k: int) -> str:
 
 def load_tokenizer(run: Run):
     """(tokenizer or None, note): the run's model tokenizer.json, checked against run.json's tokenizer_sha256."""
-    from ..model.checkpoint import tokenizer_sha256
+    from ..model.fingerprints import tokenizer_sha256
 
     model_path = (run.manifest.get("model") or {}).get("path")
     if not model_path or not (Path(model_path) / "tokenizer.json").is_file():

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cost.roofline import best_k, speedup  # noqa: F401  (re-exported: the report's names for them)
+from ..cost.speedup import best_k, speedup  # noqa: F401  (re-exported: the report's names for them)
 
 
 @dataclass(frozen=True)

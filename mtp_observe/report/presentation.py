@@ -14,43 +14,22 @@ through `literal.literal` for rich, `literal.markdown_literal` for Markdown (eve
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-from ..engines.exports import serve_lines, what_if_lines
 from ..literal import literal, markdown_literal, prose, visible
 from ..run.tables import SEGMENTS as SEGMENT_ORDER
 from ..wording import plural
 from . import CONTEXT_BINS, Comparison, Delta, Report, Slice
-from .advice import candidate_stats
+from .flags import serve_lines, what_if_lines
+from .layout import TextTable, column_groups, num, with_interval
 from .metrics import CALIBRATION_TOLERANCE, Z_MAX
+from .recording import candidate_stats
 
 MAX_SESSIONS_SHOWN = 20  # the session table shows the lowest-τ_sim sessions; JSON has them all
 FLAG = "⚑"
 
 
-@dataclass(frozen=True)
-class TextTable:
-    title: str
-    columns: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...]
-    caption: str = ""
-
-
 # ---------------------------------------------------------------------------------------------
 # Numbers as text
-
-
-def num(x: float, digits: int = 3, signed: bool = False) -> str:
-    x = float(x)
-    if not math.isfinite(x):
-        return "—"
-    return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
-
-
-def with_interval(x: float, lo: float | None, hi: float | None, digits: int = 3, signed: bool = False) -> str:
-    if lo is None or hi is None or not (math.isfinite(float(lo)) and math.isfinite(float(hi))):
-        return num(x, digits, signed)
-    return f"{num(x, digits, signed)} [{num(lo, digits - 1, signed)},{num(hi, digits - 1, signed)}]"
 
 
 def _at(r, field: str, index):
@@ -569,25 +548,6 @@ def delta_tables(report: Report, comparison: Comparison) -> list[TextTable]:
 
 # ---------------------------------------------------------------------------------------------
 # Drawing the tables
-
-
-def column_groups(columns: list[str], rows: list[list[str]], width: int) -> list[list[int]]:
-    """Column indices per printed table: the first (label) column, then as many of the others as fit
-    in `width` terminal columns, and the rest in further tables — a narrow terminal gets a table
-    continued below it rather than truncated numbers."""
-
-    def cell_width(text: str) -> int:
-        return max((len(line) for line in str(text).splitlines()), default=0)
-
-    widths = [max([cell_width(c)] + [cell_width(r[i]) for r in rows]) + 3 for i, c in enumerate(columns)]  # 2 padding, 1 rule
-    groups, current, used = [], [0], widths[0] + 1
-    for i in range(1, len(columns)):
-        if len(current) > 1 and used + widths[i] > width:
-            groups.append(current)
-            current, used = [0], widths[0] + 1
-        current.append(i)
-        used += widths[i]
-    return groups + [current]
 
 
 def blocks(report: Report, comparison: Comparison | None = None, details: bool = False) -> list:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..cost.roofline import DEFAULT_BATCHES, parse_gated
+from ..cost.speedup import DEFAULT_BATCHES, parse_gated
 from ..errors import OptionError
 from ..run.tables import read_manifest
 from .advice import DEFAULT_MIN_SESSIONS, FLOOR_MIN_SESSIONS

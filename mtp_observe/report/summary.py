@@ -24,15 +24,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..cost.roofline import StepTimes, batch_speedup, best_k, break_even, check_schedule, schedule
+from ..cost.speedup import StepTimes, batch_speedup, best_k, break_even, check_schedule, schedule
 from ..errors import OptionError
 from .advice import DEFAULT_MIN_SESSIONS, FLOOR_MIN_SESSIONS, Facts, facts_of
 from .denominator import Cost, CostTable
 from .metrics import MIN_SUPPORT, Counts, percentile_interval, rates, top_k
+from .recording import RecordingSampler, recording_sampler
 from .run import Run
 from .tallies import (
     CONTEXT_BINS,
@@ -47,12 +47,7 @@ from .tallies import (
     tally,
     what_if_steps,
 )
-from .verdict import Gate, RecordingSampler, Verdict, judge, recording_sampler
-
-if TYPE_CHECKING:
-    from .drafters import DrafterSummary, Rank
-    from .trees import Configuration, LayerRule, TreeSummary
-    from .whatifs import WhatIfs
+from .verdict import Gate, Verdict, judge
 
 
 @dataclass(frozen=True)
@@ -78,13 +73,13 @@ class Report:
     resampling: Resampling | None = None
     speculative: tuple["SpeculativeCheck", ...] = ()  # one per K of `generate --speculative` loops in the run
     drafter: str = "mtp"  # the drafter these slices and the verdict are of
-    drafters: tuple["DrafterSummary", ...] = ()  # every drafter of the run, run.json order (summarize_drafters)
-    ranking: tuple["Rank", ...] = ()  # the drafters by speedup at their best K, best first
+    drafters: tuple = ()  # drafters.DrafterSummary each: every drafter of the run, run.json order (summarize_drafters)
+    ranking: tuple = ()  # drafters.Rank each: the drafters by speedup at their best K, best first
     batch: "BatchSpeedup | None" = None  # speedup by batch size (section 8); the slices' cost is at batch.binding
-    trees: tuple["TreeSummary", ...] = ()  # each replayed tree configuration beside the chain (report/trees.py)
-    configurations: tuple["Configuration", ...] = ()  # the best of the chain and the trees at each batch size (a what-if)
-    layer_rules: tuple["LayerRule", ...] = ()  # a head with several MTP layers: each rule over the same anchors
-    whatifs: "WhatIfs | None" = None  # the head at other precisions and confidence-stopped drafting (report/whatifs.py)
+    trees: tuple = ()  # trees.TreeSummary each: each replayed tree configuration beside the chain (report/trees.py)
+    configurations: tuple = ()  # trees.Configuration each: the best of the chain and the trees at each batch size (a what-if)
+    layer_rules: tuple = ()  # trees.LayerRule each: a head with several MTP layers: each rule over the same anchors
+    whatifs: object = None  # whatifs.WhatIfs or None: the head at other precisions and confidence-stopped drafting (report/whatifs.py)
 
     facts: Facts | None = None  # what the verdict's next-step commands are made of (advice.facts_of)
 

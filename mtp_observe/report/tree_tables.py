@@ -8,7 +8,7 @@ tables. Nothing is computed here: every number comes from report/trees.py.
 from __future__ import annotations
 
 from . import Report
-from .presentation import TextTable, num, with_interval
+from .layout import TextTable, num, with_interval
 
 
 def tree_table(report: Report) -> TextTable | None:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..cost.roofline import batch_speedup, best_k, tree_denominator, tree_speedup
+from ..cost.speedup import batch_speedup, best_k, tree_denominator, tree_speedup
 from .denominator import Cost, CostTable
 from .metrics import percentile_interval
 from .run import Run, load_run

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cost.roofline import best_k, speedup_per_step
+from ..cost.speedup import best_k, speedup_per_step
 from .denominator import CostTable, precision_table
 from .metrics import decode_walk, percentile_interval, ratio, top_k
 from .run import Run, load_run, run_precisions, run_thresholds

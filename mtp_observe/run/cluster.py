@@ -153,9 +153,11 @@ class Replica:
     decoding's tree has been fed so far (`fed`: the input index of the last session it saw)."""
 
     def __init__(self, model_dir: str, opts, device: str, dtype: str | None, fault: Fault | None = None):
+        from ..drafting.whatif_heads import head_whatifs
         from ..model.checkpoint import read_checkpoint
+        from ..model.loading import DTYPES, load_model
         from ..model.routing import RouterRecorder
-        from .pipeline import DTYPES, drafter_roster, head_variants, head_whatifs, load_model, serving_for
+        from .options import drafter_roster, head_variants, serving_for
 
         self.opts, self.fault = opts, fault
         self.roster = drafter_roster(opts)
@@ -180,7 +182,7 @@ class Replica:
         as {"error": message}; the replica stays."""
         import ray
 
-        from .pipeline import session_parts
+        from .requests import session_parts
 
         for ref in earlier:
             for tokens, spans in ray.get(ref):
@@ -300,7 +302,7 @@ class Cluster:
         from ..sessions.rendering import Renderer
         from . import parts, tables
         from .manifest import COUNT_KEYS, MAX_KEYS
-        from .pipeline import head_variants, roster_draft_ks, session_sampler
+        from .options import head_variants, roster_draft_ks, session_sampler
         from .shards import session_key
 
         target = roster.needs_model

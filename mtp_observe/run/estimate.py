@@ -139,7 +139,7 @@ def request_works(rendered, k: int, chunk_size: int, num_heads: int) -> list[Rep
     """One rendered session's work, request by request as pipeline.replay_session runs them: each request
     starts from the state after the prefix it shares with the one before (`keep_at` of that one, when it is at
     least 2 tokens and leaves a token to compute), and the head's rows before that prefix are reused."""
-    from .pipeline import shared_prefix
+    from .requests import shared_prefix
 
     requests = rendered.requests
     out = []
@@ -185,7 +185,7 @@ def generate_work(sessions: list[list[TurnShape]], batch_size: int, chunk_size: 
     """GenerateWork of sessions (each a list of its turns) in input order, batched as generation.generate does:
     sessions are gathered until `window` turns are pending (generation.WINDOW_BATCHES batches; one turn under
     --speculative), their turns sorted by prompt length and cut into batches of batch_size."""
-    from .generation import WINDOW_BATCHES
+    from .decoding import WINDOW_BATCHES
 
     window = window or (batch_size * WINDOW_BATCHES if speculative is None else 1)
     total = GenerateWork()
@@ -211,7 +211,7 @@ def generate_work(sessions: list[list[TurnShape]], batch_size: int, chunk_size: 
 
 def _batch_work(batch: list[TurnShape], chunk_size: int, max_new_tokens: int, speculative: int | None) -> GenerateWork:
     """One batch of generation.generate_batch (or one speculative_turn)."""
-    from .generation import MIN_PREFILL_CHUNK
+    from .decoding import MIN_PREFILL_CHUNK
 
     B = len(batch)
     L = max(t.prompt for t in batch)
@@ -346,7 +346,7 @@ def _calibrate_replay(model, k: int, profiles, chunk_size: int, drafters=None) -
     _pair_seconds and taken out first. drafters: a fresh drafters.roster.Roster of the run's drafters, never the
     run's own, whose suffix tree would learn the synthetic tokens."""
     from ..sessions.rendering import TEXT, RenderedSession, Request, Span
-    from .pipeline import replay_request
+    from .requests import replay_request
 
     n = CALIBRATION_TOKENS
     ids = _synthetic_ids(n, model.info.geometry.vocab_size)
@@ -377,7 +377,7 @@ def _calibrate_generate(model, settings, batch_size: int) -> Rates:
     them (the settings' are dropped), so every forward counted runs."""
     from dataclasses import replace
 
-    from .generation import TurnPrompt, generate_batch, speculative_turn
+    from .decoding import TurnPrompt, generate_batch, speculative_turn
 
     vocab = model.info.geometry.vocab_size
     heads, full = model.head.geometry.num_heads, full_attention_layers(model.info.text_config)
@@ -538,18 +538,12 @@ def survey_estimates(model_dir, replay: ReplayWork, generate: list, device: str 
     a generate (the sessions' turns as TurnShape lists; --batch-size 8, --max-new-tokens 1024, the checkpoint's
     sampler) of the sessions surveyed, each priced by its calibration on the model loaded on `device` (calibrate
     False: the work alone, no weights loaded)."""
+    from ..drafting.acceptance import NonFiniteOutput
+    from ..model.loading import load_model, resolve_device, resolve_dtype
+    from ..model.target import RECORDED
     from ..sessions.rendering import Renderer
-    from .generation import NonFiniteLogits, Settings, resolve_profile
-    from .pipeline import (
-        RECORDED,
-        NonFiniteOutput,
-        ReplayOptions,
-        default_profiles,
-        load_model,
-        recorded_fallback,
-        resolve_device,
-        resolve_dtype,
-    )
+    from .decoding import NonFiniteLogits, Settings, resolve_profile
+    from .options import ReplayOptions, default_profiles, recorded_fallback
 
     work = generate_work(generate, batch_size, chunk_size, max_new_tokens)
     if not calibrate:

@@ -76,7 +76,8 @@ def identity(info, files, opts, dtype, device: str, ranks, fallback, fallback_na
     head_variants.Variants (run.json `trees` and `layer_rules`)."""
     from .. import __version__
     from ..drafting.head_variants import Variants
-    from ..model.checkpoint import describe_rules, linear_rules, reading_for, tokenizer_sha256, weights_fingerprint
+    from ..model.checkpoint import describe_rules, linear_rules, reading_for
+    from ..model.fingerprints import tokenizer_sha256, weights_fingerprint
     from ..model.target import RECORDED
     from ..sessions.reading import input_name
 
@@ -171,10 +172,10 @@ def start_manifest(out: Path, opts, info, identity: dict, bundled: bool, world: 
     import transformers
 
     from .. import __version__
+    from ..cost.geometry import geometry_of_checkpoint
     from ..cost.inventory import take_inventory
-    from ..cost.roofline import geometry_of_checkpoint
     from ..errors import RunDirectoryError
-    from ..model.checkpoint import compare_copies
+    from ..model.weights import compare_copies
     from . import tables
 
     resumed = tables.prepare_run_directory(out, opts.resume, opts.overwrite)

@@ -252,6 +252,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
+from ..drafting.columns import NOT_A_TREE
 from ..errors import RunDirectoryError
 
 SCHEMA_VERSION = 3
@@ -312,7 +313,6 @@ def requests_schema(profiles: list[str]) -> pa.Schema:
 TARGET_COLUMNS = ("target_token", "target_logprob", "actual_logprob")  # (and p_accept_*) absent without a target
 DRAFTER_FIELDS = [("drafter", pa.dictionary(pa.int8(), pa.string())), ("draft_k", pa.int8()), ("draft_len", pa.int8())]
 TREE_NODE = ("tree_node", pa.int8())  # version 3, runs with trees only (module docstring)
-NOT_A_TREE = -128  # tree_node as the replay holds it for a row that is not a tree's; written as null
 
 
 WHATIF_FIELDS = {"head_precision": pa.dictionary(pa.int8(), pa.string()), "draft_confidence": pa.float64()}
