@@ -732,6 +732,12 @@ def _replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: boo
     if finished is not None:
         raise finished
     counts = manifest["counts"] if manifest is not None else {}
+    empty = plan.none_owned() if plan is not None else None
+    if empty is not None:  # a success: merge joins it like any other shard
+        if ranks.rank == 0:
+            observer.note(f"{empty}: nothing to replay; {out} is a complete run of no session, which merge joins "
+                          "like any other shard")
+        return out
     if ranks.rank == 0 and counts.get("sessions_ok") == 0:
         from .errors import InputError
 

@@ -204,6 +204,11 @@ def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, i
                      "session(s) of the job are missing (run.json merged.missing); the report covers the sessions merged")
     elif status != "complete":
         notes.append(f"run status is {status!r}: the report covers the sessions written so far")
+    elif counts.get("sessions_ok") == 0 and isinstance(manifest.get("shard"), dict) and not counts.get("sessions_skipped"):
+        shard = manifest["shard"]
+        raise _run_error(path / "run.json", f"shard {shard.get('index')}/{shard.get('count')} owns none of the job's "
+                                            "sessions, so it holds nothing to report; merge it with the job's other "
+                                            "shards (mtp-observe merge SHARD... -o RUN) and report the merged run")
     elif counts.get("sessions_ok") == 0:
         raise _run_error(path / "run.json", f"the run replayed no session ({counts.get('sessions_skipped', 0)} skipped; "
                                             "the reasons are under errors in run.json): there is nothing to report")
