@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -63,6 +62,7 @@ def report(
     from ..plotting import plot as draw
     from ..presentation import markdown, print_rich
     from ..report import parse_gate, read_and_summarize, report_json
+    from ..report.document import dumps
 
     report_too = heatmap is None or fmt is not None or any(x is not None for x in (gate, plot, baseline, probe, draft_cost))
     fmt = fmt or "table"
@@ -91,7 +91,7 @@ def report(
                                  device_spec=device_spec, context=context, loaded=loaded, min_sessions=min_sessions)
     result, comparison = reading.report, reading.comparison
     if fmt == "json":
-        print(json.dumps(report_json(result, comparison), indent=2))
+        print(dumps(report_json(result, comparison)))
     elif fmt == "markdown":
         print(markdown(result, comparison, details), end="")
     else:
