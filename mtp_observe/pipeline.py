@@ -615,12 +615,7 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
     observer = observer or Observer()
     roster = drafter_roster(opts)  # --drafters: which need the target's weights (mtp, the hybrids), which do not
     model_free = not roster.needs_model
-    if model_free and (opts.profiles or opts.recorded_with):
-        raise OptionError(f"--sampling and --recorded-with score the target's sampler, which a replay of model-free "
-                          f"drafters only ({', '.join(roster.names)}) does not run; add mtp to --drafters, or drop them")
-    if model_free and opts.trees:
-        raise OptionError(f"--tree grows the MTP head's tree drafts, which a replay of model-free drafters only "
-                          f"({', '.join(roster.names)}) does not run; add mtp to --drafters, or drop --tree")
+    _check_model_free(opts, roster)
     opts = ReplayOptions(**{**opts.__dict__, "profiles": tuple(opts.profiles) or
                             (default_profiles(model_dir) if not model_free else ())})
     _check_options(opts)
@@ -645,6 +640,31 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
             cluster.close()
 
 
+def _check_model_free(opts: ReplayOptions, roster) -> None:
+    """What a replay of model-free drafters only refuses (replay and replay --dry-run alike)."""
+    if roster.needs_model:
+        return
+    if opts.profiles or opts.recorded_with:
+        raise OptionError(f"--sampling and --recorded-with score the target's sampler, which a replay of model-free "
+                          f"drafters only ({', '.join(roster.names)}) does not run; add mtp to --drafters, or drop them")
+    if opts.trees:
+        raise OptionError(f"--tree grows the MTP head's tree drafts, which a replay of model-free drafters only "
+                          f"({', '.join(roster.names)}) does not run; add mtp to --drafters, or drop --tree")
+
+
+def check_head_options(opts: ReplayOptions, info: CheckpointInfo | None) -> tuple:
+    """(serving numerics, head variants) of the run, refusing at once what the checkpoint cannot take: --tree on a
+    NextN head, a --head-precision whose rows a format cannot store, --fp8-activations of a checkpoint that is not
+    block-FP8. replay and replay --dry-run share it, so a dry run refuses what the run would."""
+    serving = serving_for(opts, info)
+    variants = head_variants(opts, info)
+    if info is not None and opts.head_precisions:
+        from .precisions import head_recipes
+
+        head_recipes(info, opts.head_precisions)  # a shape a format cannot store is refused before anything is written
+    return serving, variants
+
+
 def _replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool, observer: Observer, roster,
             model_free: bool, fallback, fallback_name: str, cluster) -> Path:
     """replay's steps once the inputs are checked (and, under --ray, the cluster joined)."""
@@ -664,15 +684,10 @@ def _replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: boo
         device = f"cuda:{ranks.local_rank}"
     dtype = resolve_dtype(opts.dtype, device) if not model_free else None
     info = read_checkpoint(model_dir) if not model_free else None  # model-free: no weights, not even their headers
+    serving, variants = check_head_options(opts, info)
     plan = None
     if opts.shard is not None:  # the shard's sessions, from the whole input (rank 0 reads it, every rank gets it)
         plan = ranks.from_rank0(_shard_plan(files, opts, info, model_dir) if ranks.rank == 0 else None)
-    serving = serving_for(opts, info)
-    variants = head_variants(opts, info)
-    if info is not None and opts.head_precisions:
-        from .precisions import head_recipes
-
-        head_recipes(info, opts.head_precisions)  # a shape a format cannot store is refused before anything is written
 
     # 1. Rank 0 locks the directory, checks it (fresh, --resume or --overwrite) against this run's identity.
     failure, manifest, lock = None, None, None
@@ -780,9 +795,11 @@ def replay_estimate(files, model_dir: Path, opts: ReplayOptions):
 
     roster = drafter_roster(opts)
     model_free = not roster.needs_model
+    _check_model_free(opts, roster)
     opts = ReplayOptions(**{**opts.__dict__, "profiles": tuple(opts.profiles) or
                             (default_profiles(model_dir) if not model_free else ())})
     _check_options(opts)
+    check_head_options(opts, read_checkpoint(model_dir) if not model_free else None)  # what the run refuses at once
     fallback, _ = recorded_fallback(opts, model_dir) if not model_free else (None, None)
     files = resolve_inputs(files)
     check_inputs(files)
