@@ -52,7 +52,7 @@ def test_an_empty_shard_is_a_success_and_merge_joins_it_like_any_other(tiny_chec
     without = run_cli("merge", *runs[:1], *runs[2:], "-o", tmp_path / "without")  # it is one of the job's shards
     assert without.returncode == 2 and f"shard 1/{N} is missing" in without.stderr, without.stderr
     merged = tmp_path / "merged"
-    r = run_cli("merge", *runs, "-o", merged)
+    r = run_cli("merge", runs[1], runs[0], *runs[2:], "-o", merged)  # an empty shard first: its run.json is the base
     assert r.returncode == 0, r.stderr
     assert f"merged {N} of {N} shards: 6 sessions" in r.stdout, r.stdout
     one = tmp_path / "one"
