@@ -19,6 +19,7 @@ import torch  # noqa: E402  (after OMP_NUM_THREADS: torch reads it when it start
 from mtp_observe.model.synthetic import SyntheticSpec, write_synthetic_checkpoint
 
 from .forkserver import ForkServer, forkable, run_forked
+from .strict_json import check_report_output, command_args
 
 
 def _shared() -> Path | None:
@@ -55,10 +56,14 @@ _server: ForkServer | None = None
 def _run(args, *positional, **kwargs):
     global _server
     if positional or not forkable(args, kwargs):
-        return _spawn(args, *positional, **kwargs)
-    if _server is None:
-        _server = ForkServer(tempfile.mkdtemp(prefix="mtp-fork-"))
-    return run_forked(_server, args, **kwargs)
+        result = _spawn(args, *positional, **kwargs)
+    else:
+        if _server is None:
+            _server = ForkServer(tempfile.mkdtemp(prefix="mtp-fork-"))
+        result = run_forked(_server, args, **kwargs)
+    # every `report --format json` any test runs is strict JSON (no NaN or Infinity anywhere)
+    check_report_output(command_args(args), result.returncode, getattr(result, "stdout", None))
+    return result
 
 
 subprocess.run = _run

@@ -36,6 +36,8 @@ from mtp_observe.errors import UserError
 from mtp_observe.sessions.importers import import_files
 from mtp_observe.sessions.reading import Session, Skipped, read_sessions
 
+from .strict_json import check_report_output
+
 RUNS: Counter = Counter()
 OUTCOMES: Counter = Counter()  # per property: "wrote sessions", "refused", ... (a fuzzer that only reaches refusals is weak)
 
@@ -504,6 +506,7 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    check_report_output(argv, code, stdout.getvalue())  # every report JSON is strict JSON (tests/strict_json.py)
     return code, stdout.getvalue(), stderr.getvalue()
 
 

@@ -199,6 +199,8 @@ def generate(
         else:
             say(err, "interrupted before any session was written; nothing is kept")
         raise typer.Exit(130)
+    if not summary.written:  # a shard that owns no session (the note said so)
+        return
     p = summary.profile
     say(out, f"generated {plural(summary.turns, 'turn')} ({plural(summary.tokens, 'token')}, {summary.tokens_per_s:,.1f} tok/s; "
              f"{plural(summary.prompt_tokens, 'prompt token')} prefilled) with "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -61,6 +60,7 @@ def report(
     """Acceptance, projected speedup and a go/no-go verdict for a run directory (imports no torch)."""
     from ..cost.speedup import parse_batches
     from ..report import parse_gate, read_and_summarize, report_json
+    from ..report.document import dumps
     from ..report.plotting import plot as draw
     from ..report.presentation import markdown, print_rich
 
@@ -91,7 +91,7 @@ def report(
                                  device_spec=device_spec, context=context, loaded=loaded, min_sessions=min_sessions)
     result, comparison = reading.report, reading.comparison
     if fmt == "json":
-        print(json.dumps(report_json(result, comparison), indent=2))
+        print(dumps(report_json(result, comparison)))
     elif fmt == "markdown":
         print(markdown(result, comparison, details), end="")
     else:

@@ -244,7 +244,12 @@ def _print_replay_summary(run_dir: Path) -> None:
     from ..report import drafter_cost, load_run, resolve_cost, run_drafters, summarize
     from ..run.tables import read_manifest
 
-    if len(run_drafters(read_manifest(run_dir))) > 1:
+    manifest = read_manifest(run_dir)
+    if (manifest.get("counts") or {}).get("sessions_ok") == 0:  # a shard that owns no session (the note said so)
+        say(out, f"replay: no session in {run_dir}, a shard that owns none; next: mtp-observe merge, with every shard of "
+                 "the job, then report the merged run")
+        return
+    if len(run_drafters(manifest)) > 1:
         _print_drafters_summary(run_dir)
         return
     run = load_run(run_dir)

@@ -97,14 +97,22 @@ class Recipe:
                 "fallbacks": list(self.fallbacks)}
 
 
-def _gguf_type(name: str, columns: int, wanted: str, fallbacks: list[str]) -> str:
-    """The type llama-quantize stores a matrix of rows of `columns` values in, asked for `wanted`."""
+def _gguf_type(name: str, columns: int, wanted: str, fallbacks: list[str], precision: str | None = None) -> str:
+    """The type llama-quantize stores a matrix of rows of `columns` values in, asked for `wanted` in a file of
+    `precision` (default: wanted; the lm_head's type is chosen from the file's). llama-quant.cpp's
+    llama_tensor_get_type: a type without a fallback (Q8_0 among them) throws "Unsupported tensor size
+    encountered", so the refusal names the precision the user asked for, and the type its rows did not fit."""
     fmt = wanted
+    precision = precision or wanted
     if columns % quantisers.FORMATS[fmt].block:
         if fmt not in GGUF_FALLBACK:
-            raise OptionError(f"--head-precision {wanted}: {name} has rows of {columns} values, not a multiple of "
-                              f"{quantisers.FORMATS[fmt].block}; llama-quantize has no fallback for {wanted.upper()} "
-                              "and refuses it, so there is no such file to simulate: drop it from --head-precision")
+            stored = "" if precision == wanted else (
+                f" (a {precision.upper()} file stores {name} as {wanted.upper()}, its rows not being a multiple of "
+                f"{quantisers.FORMATS[MATRIX_FORMAT[precision]].block})")
+            raise OptionError(f"--head-precision {precision}: {name} has rows of {columns} values, not a multiple of "
+                              f"{quantisers.FORMATS[fmt].block}{stored}; llama-quantize has no fallback for "
+                              f"{wanted.upper()} and refuses it, so there is no such file to simulate: drop it from "
+                              "--head-precision")
         fmt = GGUF_FALLBACK[fmt]
         if columns % quantisers.FORMATS[fmt].block:
             fmt = "f16"
@@ -127,7 +135,7 @@ def recipe(precision: str, shapes: dict, vocab_hidden: tuple[int, int], tied: bo
         elif name.endswith(KEPT_MATRICES) or (precision == "fp8" and name in FP8_KEPT):
             formats[name] = None
         elif matrix in quantisers.GGUF:
-            formats[name] = _gguf_type(name, shape[-1], matrix, fallbacks)
+            formats[name] = _gguf_type(name, shape[-1], matrix, fallbacks, precision)
         else:
             formats[name] = matrix
     _, H = vocab_hidden
@@ -138,8 +146,8 @@ def recipe(precision: str, shapes: dict, vocab_hidden: tuple[int, int], tied: bo
         # llama_tensor_get_type_impl: output.weight (and a tied token_embd) -> Q8_0 when the file type is Q8_0 or
         # a row does not fit the type's block, else Q6_K; an untied token_embd takes the file type.
         lm_head = "q8_0" if matrix == "q8_0" or H % quantisers.FORMATS[matrix].block else "q6_k"
-        lm_head = _gguf_type("lm_head.weight", H, lm_head, fallbacks)
-        embedding = lm_head if tied else _gguf_type("embed_tokens.weight", H, matrix, fallbacks)
+        lm_head = _gguf_type("lm_head.weight", H, lm_head, fallbacks, precision)
+        embedding = lm_head if tied else _gguf_type("embed_tokens.weight", H, matrix, fallbacks, precision)
     return Recipe(precision, formats, embedding, lm_head, tied, tuple(fallbacks))
 
 

@@ -2,8 +2,9 @@
 
 Contract:
     report_json(report, comparison=None) -> dict
-                                     keys documented in docs/report-json.md; NaN becomes null; REPORT_VERSION
-                                     is bumped on an incompatible key change
+                                     keys documented in docs/report-json.md; NaN and ±inf become null anywhere
+                                     (finite); REPORT_VERSION is bumped on an incompatible key change
+    dumps(document) -> str           the text `report --format json` prints: json.dumps with allow_nan=False
 """
 
 from __future__ import annotations
@@ -30,6 +31,29 @@ REPORT_VERSION = 3  # the "report_version" of report_json; bump on an incompatib
 def _num(x) -> float | None:
     x = float(x)
     return x if math.isfinite(x) else None
+
+
+def finite(value):
+    """value (dicts, lists, tuples, numbers, strings) with every NaN and ±inf as None, numpy scalars as Python's:
+    what `report --format json` prints, with allow_nan=False, so no strict parser meets a bare NaN or Infinity."""
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return _num(value)
+    return value
+
+
+def dumps(document: dict) -> str:
+    """The report JSON as text: non-finite numbers null (finite), refused if any remained (allow_nan=False)."""
+    import json
+
+    return json.dumps(finite(document), indent=2, allow_nan=False)
 
 
 def rates_json(r: Rates, profiles: tuple[str, ...]) -> dict:
@@ -92,7 +116,8 @@ def recording_json(rec: RecordingSampler) -> dict:
 
 def plain_cost_json(cost: Cost) -> dict:
     """A Cost as JSON (a drafter's own, at the gated batch size)."""
-    return {"source": cost.source, "c": cost.c, "verify_extra": [float(x) for x in cost.verify_extra], "detail": cost.detail}
+    return {"source": cost.source, "c": _num(cost.c), "verify_extra": [_num(x) for x in cost.verify_extra],
+            "detail": cost.detail}
 
 
 def drafters_json(report: Report) -> dict:
@@ -274,6 +299,11 @@ def whatifs_json(report: Report) -> dict:
 
 
 def report_json(report: Report, comparison: Comparison | None = None) -> dict:
+    """The report as the JSON document (docs/report-json.md): every NaN or infinity null (`finite`)."""
+    return finite(_document(report, comparison))
+
+
+def _document(report: Report, comparison: Comparison | None) -> dict:
     m = report.manifest
     model = m.get("model") or {}
     k = report.best_k

@@ -142,10 +142,37 @@ def run_precisions(manifest: dict) -> tuple[str, ...]:
 
 
 def run_thresholds(manifest: dict) -> tuple[float, ...]:
-    """The --draft-p-min thresholds of a run (run.json whatifs.draft_p_min; version 3)."""
+    """The --draft-p-min thresholds of a run (run.json whatifs.draft_p_min; version 3), as check_whatifs passed them."""
     whatifs = manifest.get("whatifs")
     values = whatifs.get("draft_p_min") if isinstance(whatifs, dict) else None
     return tuple(float(v) for v in values) if isinstance(values, list) else ()
+
+
+def check_whatifs(manifest_path: Path, manifest: dict) -> None:
+    """run.json `whatifs` as replay writes it: draft_p_min a list of distinct probabilities in [0, 1] (replay refuses
+    any other --draft-p-min), head_precision a list of known precisions; anything else is a damaged or hand-edited
+    run, refused naming the key and the value (a threshold of 1.5 would otherwise be reported as measured)."""
+    from ..precisions import PRECISIONS
+
+    whatifs = manifest.get("whatifs")
+    if whatifs is None:
+        return
+    if not isinstance(whatifs, dict):
+        raise _run_error(manifest_path, f"whatifs is {whatifs!r}, not an object; the run directory is damaged or was "
+                                        "edited by hand: re-run replay")
+    values = whatifs.get("draft_p_min", [])
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0] \
+        if isinstance(values, list) else [values]
+    if bad or len(set(values)) != len(values):
+        what = f"holds {bad[0]!r}, not a probability in [0, 1]" if bad else "repeats a threshold"
+        raise _run_error(manifest_path, f"whatifs.draft_p_min {what}; replay writes only thresholds 0 to 1, each once, "
+                                        "so the run directory is damaged or was edited by hand: re-run replay "
+                                        "--draft-p-min with the thresholds wanted")
+    names = whatifs.get("head_precision", [])
+    unknown = [n for n in names if n not in PRECISIONS] if isinstance(names, list) else [names]
+    if unknown:
+        raise _run_error(manifest_path, f"whatifs.head_precision holds {unknown[0]!r}, not one of {', '.join(PRECISIONS)}; "
+                                        "the run directory is damaged or was edited by hand: re-run replay")
 
 
 def _draft_ks(manifest: dict, drafter: str, k: int) -> tuple[int, ...]:
@@ -180,6 +207,7 @@ def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, i
     precision, version 3). Every inconsistency a reader would trip on is one RunDirectoryError."""
     path = Path(path)
     manifest = read_manifest(path)
+    check_whatifs(path / "run.json", manifest)
     precisions = run_precisions(manifest)
     if precision is not None and precision not in precisions:
         raise OptionError(f"the run has no rows of the head at {precision}; it has {', '.join(precisions) or 'none'} "
@@ -204,6 +232,11 @@ def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, i
                      "session(s) of the job are missing (run.json merged.missing); the report covers the sessions merged")
     elif status != "complete":
         notes.append(f"run status is {status!r}: the report covers the sessions written so far")
+    elif counts.get("sessions_ok") == 0 and isinstance(manifest.get("shard"), dict) and not counts.get("sessions_skipped"):
+        shard = manifest["shard"]
+        raise _run_error(path / "run.json", f"shard {shard.get('index')}/{shard.get('count')} owns none of the job's "
+                                            "sessions, so it holds nothing to report; merge it with the job's other "
+                                            "shards (mtp-observe merge SHARD... -o RUN) and report the merged run")
     elif counts.get("sessions_ok") == 0:
         raise _run_error(path / "run.json", f"the run replayed no session ({counts.get('sessions_skipped', 0)} skipped; "
                                             "the reasons are under errors in run.json): there is nothing to report")

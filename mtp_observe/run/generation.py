@@ -154,6 +154,7 @@ class Summary:
     dropped: int  # turns left out (a one-token completion)
     skipped: tuple = ()  # sessions.Skipped: bad sessions (--on-error skip) and sessions with nothing to score
     wall_s: float = 0.0
+    written: bool = True  # False: a shard that owns no session writes no output file
 
     @property
     def tokens_per_s(self) -> float:
@@ -385,6 +386,17 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
     settings = Settings(profile=profile, max_new_tokens=opts.max_new_tokens, seed=opts.seed, eos_ids=renderer.eos_ids,
                         chunk_size=opts.chunk_size, speculative=opts.speculative)
     plan = plan_shard(files, opts.shard, renderer) if opts.shard is not None else None
+    empty = plan.none_owned() if plan is not None else None
+    resumed = opts.resume and (output.exists() or output.with_name(output.name + ".partial").exists())
+    if empty is not None and not resumed:  # a success: no file is written (an empty one is refused as a replay input)
+        replaced = opts.overwrite and output.exists()
+        if replaced:
+            output.unlink()
+        observer.note(f"{empty}: nothing to generate, so -o {output} is not written"
+                      + (" (the output --overwrite replaced is removed)" if replaced else "")
+                      + "; the other shards' outputs are the whole input of a replay")
+        return Summary(output=output, profile=profile, sessions=0, kept=0, turns=0, tokens=0, prompt_tokens=0,
+                       dropped=0, written=False)
 
     def owns(item) -> bool:
         return plan is None or plan.owns(session_key(item))

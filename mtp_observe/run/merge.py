@@ -187,7 +187,8 @@ def merge_runs(shards, out: Path, allow_partial: bool = False, overwrite: bool =
     # Write: the running manifest, the parts linked, the final manifest.
     lock = tables.RunLock(out).acquire()
     try:
-        tables.prepare_run_directory(out, resume=False, overwrite=overwrite)
+        tables.prepare_run_directory(out, resume=False, overwrite=overwrite,
+                                     fix="pass --overwrite to replace it with the merged run, or another -o")
         merged = _merged_manifest(first, by_index, count, per_shard, absent, missing_sessions, now, COUNT_KEYS, MAX_KEYS)
         tables.write_json_atomic(out / tables.MANIFEST, {**merged, "status": "running", "finished": None},
                                  hint="free space, then merge again with --overwrite")

@@ -227,3 +227,28 @@ def drafter_roster(opts: ReplayOptions):
     from ..drafting.drafters.roster import Roster
 
     return Roster(tuple(opts.drafters), opts.k, opts.ngram, opts.suffix)
+
+
+def check_model_free(opts: ReplayOptions, roster) -> None:
+    """What a replay of model-free drafters only refuses (replay and replay --dry-run alike)."""
+    if roster.needs_model:
+        return
+    if opts.profiles or opts.recorded_with:
+        raise OptionError(f"--sampling and --recorded-with score the target's sampler, which a replay of model-free "
+                          f"drafters only ({', '.join(roster.names)}) does not run; add mtp to --drafters, or drop them")
+    if opts.trees:
+        raise OptionError(f"--tree grows the MTP head's tree drafts, which a replay of model-free drafters only "
+                          f"({', '.join(roster.names)}) does not run; add mtp to --drafters, or drop --tree")
+
+
+def check_head_options(opts: ReplayOptions, info: CheckpointInfo | None) -> tuple:
+    """(serving numerics, head variants) of the run, refusing at once what the checkpoint cannot take: --tree on a
+    NextN head, a --head-precision whose rows a format cannot store, --fp8-activations of a checkpoint that is not
+    block-FP8. replay and replay --dry-run share it, so a dry run refuses what the run would."""
+    serving = serving_for(opts, info)
+    variants = head_variants(opts, info)
+    if info is not None and opts.head_precisions:
+        from ..model.precisions import head_recipes
+
+        head_recipes(info, opts.head_precisions)  # a shape a format cannot store is refused before anything is written
+    return serving, variants

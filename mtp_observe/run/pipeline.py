@@ -45,6 +45,8 @@ from .manifest import COUNT_KEYS, MAX_KEYS, finish_manifest, identity, start_man
 from .options import (
     Observer,
     ReplayOptions,
+    check_head_options,
+    check_model_free,
     check_options,
     count_records,
     default_profiles,
@@ -52,7 +54,6 @@ from .options import (
     head_variants,
     recorded_fallback,
     roster_draft_ks,
-    serving_for,
     session_sampler,
 )
 from .ranks import Ranks, portable, ranks_from_env
@@ -78,12 +79,7 @@ def replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool
     observer = observer or Observer()
     roster = drafter_roster(opts)  # --drafters: which need the target's weights (mtp, the hybrids), which do not
     model_free = not roster.needs_model
-    if model_free and (opts.profiles or opts.recorded_with):
-        raise OptionError(f"--sampling and --recorded-with score the target's sampler, which a replay of model-free "
-                          f"drafters only ({', '.join(roster.names)}) does not run; add mtp to --drafters, or drop them")
-    if model_free and opts.trees:
-        raise OptionError(f"--tree grows the MTP head's tree drafts, which a replay of model-free drafters only "
-                          f"({', '.join(roster.names)}) does not run; add mtp to --drafters, or drop --tree")
+    check_model_free(opts, roster)
     opts = ReplayOptions(**{**opts.__dict__, "profiles": tuple(opts.profiles) or
                             (default_profiles(model_dir) if not model_free else ())})
     check_options(opts)
@@ -127,15 +123,10 @@ def _replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: boo
         device = f"cuda:{ranks.local_rank}"
     dtype = resolve_dtype(opts.dtype, device) if not model_free else None
     info = read_checkpoint(model_dir) if not model_free else None  # model-free: no weights, not even their headers
+    serving, variants = check_head_options(opts, info)
     plan = None
     if opts.shard is not None:  # the shard's sessions, from the whole input (rank 0 reads it, every rank gets it)
         plan = ranks.from_rank0(_shard_plan(files, opts, info, model_dir) if ranks.rank == 0 else None)
-    serving = serving_for(opts, info)
-    variants = head_variants(opts, info)
-    if info is not None and opts.head_precisions:
-        from ..model.precisions import head_recipes
-
-        head_recipes(info, opts.head_precisions)  # a shape a format cannot store is refused before anything is written
 
     # 1. Rank 0 locks the directory, checks it (fresh, --resume or --overwrite) against this run's identity.
     failure, manifest, lock = None, None, None
@@ -195,6 +186,12 @@ def _replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: boo
     if finished is not None:
         raise finished
     counts = manifest["counts"] if manifest is not None else {}
+    empty = plan.none_owned() if plan is not None else None
+    if empty is not None:  # a success: merge joins it like any other shard
+        if ranks.rank == 0:
+            observer.note(f"{empty}: nothing to replay; {out} is a complete run of no session, which merge joins "
+                          "like any other shard")
+        return out
     if ranks.rank == 0 and counts.get("sessions_ok") == 0:
         from ..errors import InputError
 
@@ -224,9 +221,11 @@ def replay_estimate(files, model_dir: Path, opts: ReplayOptions):
 
     roster = drafter_roster(opts)
     model_free = not roster.needs_model
+    check_model_free(opts, roster)
     opts = ReplayOptions(**{**opts.__dict__, "profiles": tuple(opts.profiles) or
                             (default_profiles(model_dir) if not model_free else ())})
     check_options(opts)
+    check_head_options(opts, read_checkpoint(model_dir) if not model_free else None)  # what the run refuses at once
     fallback, _ = recorded_fallback(opts, model_dir) if not model_free else (None, None)
     files = resolve_inputs(files)
     check_inputs(files)

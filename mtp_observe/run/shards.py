@@ -134,6 +134,17 @@ class ShardPlan:
     assignment: dict | None = None  # {key: shard} under the tokens rule (None: the id rule)
     tokens: int | None = None  # the tokens of its sessions under the tokens rule
     indices: tuple[int, ...] = ()  # [S'] the input indices of its sessions (a repeated id's repeat too)
+    total: int = 0  # the sessions (keys) of the whole input, every shard's
+
+    def none_owned(self) -> str | None:
+        """None when the shard owns a session; else what an empty shard's run says (a success: a job of N shards over
+        few sessions, or an unlucky split, leaves some shards with none)."""
+        from ..wording import plural
+
+        if self.keys:
+            return None
+        rule = "their ids put" if self.shard.by == "id" else "the tokens rule puts"
+        return f"shard {self.shard.label} owns none of the {plural(self.total, 'session')} ({rule} each in another shard)"
 
     def owns(self, key: str) -> bool:
         if self.assignment is not None and key in self.assignment:
@@ -173,4 +184,5 @@ def plan_shard(files, shard: Shard, renderer=None, max_sessions: int | None = No
     keys = tuple(dict.fromkeys(items[i][0] for i in mine))  # a repeated id is one session (and its repeat)
     sizes = {items[i][0]: items[i][1] for i in mine if items[i][1] is not None}
     tokens = sum(sizes.values()) if assignment is not None else None
-    return ShardPlan(shard, plan.input_set, keys, assignment, tokens, tuple(mine))
+    total = len(dict.fromkeys(k for k, _ in items))
+    return ShardPlan(shard, plan.input_set, keys, assignment, tokens, tuple(mine), total)

@@ -673,13 +673,14 @@ def _holder(fd: int) -> str:
 # Checking what is at --out
 
 
-def prepare_run_directory(run_dir: Path, resume: bool, overwrite: bool) -> dict | None:
+def prepare_run_directory(run_dir: Path, resume: bool, overwrite: bool, fix: str | None = None) -> dict | None:
     """Check what is at run_dir before a replay (with the RunLock held, or on a directory no replay uses).
     Returns the manifest to resume (a complete run's too: the caller checks its identity, then has nothing to
     do), or None for a fresh run.
 
     An existing directory needs --resume (continue an unfinished run) or --overwrite (start again);
-    --overwrite removes only what a run writes (module doc), after checking every entry."""
+    --overwrite removes only what a run writes (module doc), after checking every entry. fix: what an existing
+    directory's refusal advises, for a command with other options than replay's (merge has no --resume)."""
     run_dir = Path(run_dir)
     if resume and overwrite:
         raise RunDirectoryError("--resume and --overwrite contradict each other; pass one")
@@ -702,7 +703,8 @@ def prepare_run_directory(run_dir: Path, resume: bool, overwrite: bool) -> dict 
         for d in directories:
             os.rmdir(d)
         return None
-    raise RunDirectoryError(f"{run_dir}: already exists; pass --resume to continue it, --overwrite to replace it, or another --out")
+    raise RunDirectoryError(f"{run_dir}: already exists; "
+                            + (fix or "pass --resume to continue it, --overwrite to replace it, or another --out"))
 
 
 class RunComplete(RunDirectoryError):
