@@ -72,6 +72,7 @@ class House:
     arrows: set[tuple[str, str]]                                 # (importer, imported), both module names
     external: dict[str, set[str]] = field(default_factory=dict)  # module -> third-party top names it imports
     stages: tuple[str, ...] = STAGES
+    unresolved: list[str] = field(default_factory=list)  # imports of a module the package does not have
 
     # -- derived figures ---------------------------------------------------------------------------------
     def circles(self) -> list[list[str]]:
@@ -166,7 +167,8 @@ class House:
         return sorted(rows, key=lambda r: -r[1])
 
     def problems(self) -> list[str]:
-        out = [f"circle: {' <-> '.join(c)}" for c in self.circles()]
+        out = [f"unresolved: {u}" for u in self.unresolved]
+        out += [f"circle: {' <-> '.join(c)}" for c in self.circles()]
         out += [f"arrow up: {a} ({self.modules[a].stage}) imports {b} ({self.modules[b].stage})" for a, b in self.arrows_up()]
         out += [f"torch reachable from {m}: {' -> '.join(chain)}" for m, chain in self.torch_reach().items()]
         return out
@@ -206,9 +208,12 @@ def read_house(root: Path, stages: tuple[str, ...] = STAGES, legacy: dict[str, s
         modules[name] = Module(name, path, len(path.read_text().splitlines()), stage)
     arrows: set[tuple[str, str]] = set()
     external: dict[str, set[str]] = {}
+    unresolved: list[str] = []
     for name, mod in modules.items():
         is_pkg = mod.path.name == "__init__.py"
         for target, members in _imports(ast.parse(mod.path.read_text()), name, is_pkg, package):
+            if target.startswith(package + ".") and target[len(package) + 1:] not in modules:
+                unresolved.append(f"{name} imports {target}, which is no module of the package")
             if target.startswith(package + ".") or target == package:
                 inner = [m[len(package) + 1:] for m in members if m[len(package) + 1:] in modules]
                 subs = [m[len(package) + 1:] for m in members]
@@ -228,7 +233,7 @@ def read_house(root: Path, stages: tuple[str, ...] = STAGES, legacy: dict[str, s
             else:
                 external.setdefault(name, set()).update(_prefixes(target))
                 external[name].update(p for m in members for p in _prefixes(m))
-    return House(package, modules, arrows, external, stages)
+    return House(package, modules, arrows, external, stages, sorted(set(unresolved)))
 
 
 def _prefixes(dotted: str) -> set[str]:

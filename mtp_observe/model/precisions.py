@@ -53,8 +53,8 @@ import torch
 
 from ..errors import OptionError
 from . import quantisers
+from .formats import PRECISIONS
 
-PRECISIONS = ("bf16", "fp8", "int8", "nvfp4", "q8_0", "q6_k", "q4_k")
 MATRIX_FORMAT = {"bf16": "bf16", "fp8": "fp8_block", "int8": "int8_channel", "nvfp4": "nvfp4", "q8_0": "q8_0",
                  "q6_k": "q6_k", "q4_k": "q4_k"}
 GGUF_FALLBACK = {"q4_k": "q5_0", "q6_k": "q8_0"}  # llama-quant.cpp tensor_type_fallback

@@ -152,7 +152,7 @@ def check_whatifs(manifest_path: Path, manifest: dict) -> None:
     """run.json `whatifs` as replay writes it: draft_p_min a list of distinct probabilities in [0, 1] (replay refuses
     any other --draft-p-min), head_precision a list of known precisions; anything else is a damaged or hand-edited
     run, refused naming the key and the value (a threshold of 1.5 would otherwise be reported as measured)."""
-    from ..precisions import PRECISIONS
+    from ..model.formats import PRECISIONS
 
     whatifs = manifest.get("whatifs")
     if whatifs is None:

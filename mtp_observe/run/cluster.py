@@ -298,13 +298,15 @@ class Cluster:
 
         from ..model.checkpoint import read_checkpoint
         from ..model.target import VLLM_DEFAULTS, generation_config_profile
-        from ..sessions.reading import SessionError, Skipped, input_name, read_sessions, speculative_steps
+        from ..sessions.inputs import Inputs
+        from ..sessions.reading import SessionError, Skipped, input_name, speculative_steps
         from ..sessions.rendering import Renderer
         from . import parts, tables
         from .manifest import COUNT_KEYS, MAX_KEYS
         from .options import head_variants, roster_draft_ks, session_sampler
         from .shards import session_key
 
+        inputs = Inputs.of(files, opts.max_sessions)  # the sessions the pipeline already read (or these paths)
         target = roster.needs_model
         variants = head_variants(opts, read_checkpoint(model_dir) if target else None)  # what the replicas replay too
         with_drafters = tuple(roster.names) != ("mtp",) or bool(variants)
@@ -320,7 +322,7 @@ class Cluster:
                                            observer.note(f"{path}: {why}; recomputing its sessions"))
         counts = dict.fromkeys(COUNT_KEYS + MAX_KEYS, 0)
         errors: list[dict] = []
-        per_file = {input_name(f): 0 for f in files}
+        per_file = {input_name(f): 0 for f in inputs.files}
         tasks: list[Task] = []
         feeds: list[tuple[int, object]] = []  # (input index, object ref of its outputs), every renderable session
         expected: set[str] = set()  # the sessions the run directory must hold at the end
@@ -336,7 +338,7 @@ class Cluster:
                      np.array([(sp.start, sp.end) for sp in r.spans], dtype=np.int64).reshape(-1, 2)) for r in requests]
 
         # 1. Every session read and rendered here, in input order: what is whose, what is finished, what to replay.
-        for item in read_sessions(files, on_error=opts.on_error):
+        for item in inputs.items(opts.on_error):
             if opts.max_sessions is not None and item.index >= opts.max_sessions:
                 break
             per_file[item.path] += 1

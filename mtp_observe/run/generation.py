@@ -367,16 +367,16 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
     a scheduler array writes its own output, and the outputs together are the input of a replay.
     """
     from ..model.loading import load_model, resolve_device, resolve_dtype
-    from ..sessions.reading import SessionError, Skipped, check_inputs, read_sessions, resolve_inputs
+    from ..sessions.inputs import Inputs
+    from ..sessions.reading import SessionError, Skipped
     from ..sessions.rendering import Renderer
     from .shards import plan_shard, session_key
 
     observer = observer or Observer()
     check_options(opts)
     profile = resolve_profile(opts.sampling, model_dir)
-    files = resolve_inputs(files)
-    check_inputs(files)
-    if any(output.resolve() == Path(f).resolve() for f in files):
+    inputs = Inputs.of(files)  # read once: the shard plan, the survey and the loop take the same sessions
+    if any(output.resolve() == Path(f).resolve() for f in inputs.files):
         raise OptionError(f"-o {output} is one of the input files; write the completions elsewhere")
     check_output_file(output, opts)
     device = resolve_device(opts.device)
@@ -385,7 +385,7 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
     renderer = Renderer.from_model_dir(model.info.path, vocab_size=model.info.geometry.vocab_size, overrides=opts.template)
     settings = Settings(profile=profile, max_new_tokens=opts.max_new_tokens, seed=opts.seed, eos_ids=renderer.eos_ids,
                         chunk_size=opts.chunk_size, speculative=opts.speculative)
-    plan = plan_shard(files, opts.shard, renderer) if opts.shard is not None else None
+    plan = plan_shard(inputs, opts.shard, renderer) if opts.shard is not None else None
     empty = plan.none_owned() if plan is not None else None
     resumed = opts.resume and (output.exists() or output.with_name(output.name + ".partial").exists())
     if empty is not None and not resumed:  # a success: no file is written (an empty one is refused as a replay input)
@@ -410,7 +410,7 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
         started = time.time()
 
         # 2. The turns still to generate, and their estimate; a resumed output holds sessions of these inputs only.
-        shapes, ids = _survey(files, renderer, opts.max_sessions, out.done, owns)
+        shapes, ids = _survey(inputs, renderer, opts.max_sessions, out.done, owns)
         foreign = [sid for sid in out.done if sid not in ids]
         if foreign:
             raise OptionError(f"{out.partial if out.partial.exists() else output}: holds {len(foreign)} session(s) these "
@@ -448,7 +448,7 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
         # 3. Sessions in, records out.
         pending = _Pending()
         window = opts.batch_size * WINDOW_BATCHES if opts.speculative is None else 1
-        for item in read_sessions(files, on_error=opts.on_error):
+        for item in inputs.items(opts.on_error):
             if opts.max_sessions is not None and item.index >= opts.max_sessions:
                 break
             if not owns(item):
@@ -459,7 +459,8 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
             if item.id in out.done:
                 continue
             try:
-                prompts = turn_prompts(renderer.render(item))
+                prompts = turn_prompts(inputs.rendered(item, renderer))
+                inputs.release(item)
             except SessionError as e:
                 if opts.on_error == "fail":
                     raise
@@ -490,22 +491,22 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
                    skipped=tuple(skipped), wall_s=time.time() - started)
 
 
-def _survey(files, renderer, max_sessions: int | None, done, owns=lambda item: True) -> tuple[list, set]:
+def _survey(inputs, renderer, max_sessions: int | None, done, owns=lambda item: True) -> tuple[list, set]:
     """([the turns of each session to generate, as estimate.TurnShape], every session id of the input this run owns
     (owns: its --shard)): the sessions the loop below will generate (the first max_sessions, owned, not in `done`,
-    rendering), in input order."""
-    from ..sessions.reading import SessionError, Skipped, read_sessions
+    rendering: the renderings are kept for the loop), in input order. inputs: sessions.inputs.Inputs."""
+    from ..sessions.reading import SessionError, Skipped
     from .estimate import turn_shapes
 
     shapes, ids = [], set()
-    for item in read_sessions(files, on_error="skip"):
+    for item in inputs.items("skip"):
         if isinstance(item, Skipped) or not owns(item):
             continue
         ids.add(item.id)
         if (max_sessions is not None and item.index >= max_sessions) or item.id in done:
             continue
         try:
-            shapes.append(turn_shapes(renderer.render(item)))
+            shapes.append(turn_shapes(inputs.rendered(item, renderer)))
         except SessionError:
             continue  # the loop skips it (or stops at it)
     return shapes, ids
@@ -526,21 +527,24 @@ def _estimate(model, settings: Settings, opts: GenerateOptions, shapes: list):
 
 def generate_estimate(files, model_dir: Path, opts: GenerateOptions):
     """What `generate --dry-run` prints (estimate.Estimate): the work of generating the input's sessions (the first
-    --max-sessions; a resumed output's too), priced by a calibration on the model. Writes nothing."""
+    --max-sessions; a resumed output's too; under --shard I/N the shard's own), priced by a calibration on the model.
+    Writes nothing."""
     from ..model.loading import load_model, resolve_device, resolve_dtype
-    from ..sessions.reading import check_inputs, resolve_inputs
+    from ..sessions.inputs import Inputs
     from ..sessions.rendering import Renderer
+    from .shards import plan_shard, session_key
 
     check_options(opts)
     profile = resolve_profile(opts.sampling, model_dir)
-    files = resolve_inputs(files)
-    check_inputs(files)
+    inputs = Inputs.of(files)
     device = resolve_device(opts.device)
     model = load_model(model_dir, device=device, dtype=resolve_dtype(opts.dtype, device))
     renderer = Renderer.from_model_dir(model.info.path, vocab_size=model.info.geometry.vocab_size, overrides=opts.template)
     settings = Settings(profile=profile, max_new_tokens=opts.max_new_tokens, seed=opts.seed, eos_ids=renderer.eos_ids,
                         chunk_size=opts.chunk_size, speculative=opts.speculative)
-    shapes, _ = _survey(files, renderer, opts.max_sessions, {})
+    plan = plan_shard(inputs, opts.shard, renderer) if opts.shard is not None else None
+    shapes, _ = _survey(inputs, renderer, opts.max_sessions, {},
+                        (lambda item: True) if plan is None else (lambda item: plan.owns(session_key(item))))
     return _estimate(model, settings, opts, shapes)
 
 

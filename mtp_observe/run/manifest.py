@@ -67,10 +67,10 @@ def _config_if_any(path: Path) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def identity(info, files, opts, dtype, device: str, ranks, fallback, fallback_name: str, roster,
+def identity(info, inputs, opts, dtype, device: str, ranks, fallback, fallback_name: str, roster,
              model_dir: Path | None = None, shard_plan=None, serving=None, variants=None) -> dict:
     """What a resumed run must share with the interrupted one for its rows to be the same (tables.py).
-    info None: a model-free replay, which depends on the tokenizer and the end-of-turn ids alone. shard_plan
+    inputs: sessions.inputs.Inputs (each file's fingerprint computed once per command). info None: a model-free replay, which depends on the tokenizer and the end-of-turn ids alone. shard_plan
     (shards.ShardPlan): the shard this run replays (run.json `shard`), None for the whole input. serving: the
     serving.ServingNumerics the target and head were loaded for (run.json `serving`, schema 3). variants:
     head_variants.Variants (run.json `trees` and `layer_rules`)."""
@@ -103,7 +103,7 @@ def identity(info, files, opts, dtype, device: str, ranks, fallback, fallback_na
         "head_reading": reading_for(info, opts.head_engine).as_dict() if info is not None else None,
         "serving": None if serving is None else {
             **serving.manifest(), "linears": describe_rules(linear_rules(info, serving)) if info is not None else {}},
-        "inputs": [{"path": input_name(f), "sha256": sha256_file(f)} for f in files],
+        "inputs": [{"path": input_name(f), "sha256": inputs.sha256(f)} for f in inputs.files],
         "options": {"chunk_size": opts.chunk_size, "on_error": opts.on_error, "max_sessions": opts.max_sessions,
                     "device_map": opts.device_map},
         "rendering": opts.template.manifest() if opts.template is not None else None,

@@ -80,32 +80,6 @@ class Observer:
     def note(self, message: str) -> None: ...
 
 
-def count_records(path: Path) -> int:
-    """Sessions a file will yield, counted cheaply (non-blank lines; a message-per-line file is one)."""
-    import json
-
-    from ..sessions.reading import GZIP_ERRORS, open_binary
-
-    n, first = 0, None
-    with open_binary(path) as f:
-        try:
-            for line in f:
-                if line.strip():
-                    if first is None:
-                        first = line
-                    n += 1
-        except GZIP_ERRORS:
-            pass  # a damaged .gz: the reader names it when it gets there; this is only the progress total
-    if first is not None:
-        try:
-            head = json.loads(first)
-            if isinstance(head, dict) and "role" in head and "messages" not in head:
-                return 1
-        except ValueError:
-            pass
-    return n
-
-
 MAX_K = 32  # a chain longer than this is accepted to its end almost never, and costs [anchors, K] memory
 
 

@@ -11,11 +11,11 @@ Contract:
     parse_shard("2/8", by="id") -> Shard   --shard I/N and --shard-by id|tokens, checked in one line
     shard_of(key, count) -> int            the id rule (below)
     balance(sizes, count) -> {key: shard}  the tokens rule (below)
-    plan_shard(files, shard, renderer, max_sessions) -> ShardPlan
+    plan_shard(inputs, shard, renderer, max_sessions) -> ShardPlan
                                            the shard's sessions, read from the whole input before any replay:
                                            `ShardPlan.owns(key)` and the manifest entry (`ShardPlan.manifest`)
     session_key(item) -> str               what a session (or a skipped input line) is assigned by
-    input_set(files) -> str                the fingerprint of the whole input set
+    input_set(inputs) -> str               the fingerprint of the whole input set
 
 The id rule (`--shard-by id`, the default): shard(id) = int.from_bytes(sha256(id as UTF-8)[:8], "big") mod N.
 Worked example: sha256("demo") starts 2a97516c354b6884, so "demo" is in shard 0x2a97516c354b6884 mod 4 = 0 of 4
@@ -111,16 +111,18 @@ def session_key(item) -> str:
     return sid if sid is not None else f"{item.path}:{item.line}"
 
 
-def input_set(files) -> str:
+def input_set(inputs) -> str:
     """sha256 over every input's label (the part of its path default ids start with) and content sha256, in input
-    order: the same files in the same order give the same fingerprint wherever they are mounted."""
+    order: the same files in the same order give the same fingerprint wherever they are mounted. inputs:
+    sessions.inputs.Inputs, or the input files."""
+    from ..sessions.inputs import Inputs
     from ..sessions.reading import input_stem, path_labels
-    from .manifest import sha256_file
 
-    labels = path_labels(files, stem=input_stem)
+    inputs = Inputs.of(inputs)
+    labels = path_labels(inputs.files, stem=input_stem)
     h = hashlib.sha256()
-    for f in files:
-        h.update(f"{labels[str(f)]}\0{sha256_file(f)}\n".encode("utf-8", "surrogatepass"))
+    for f in inputs.files:
+        h.update(f"{labels[str(f)]}\0{inputs.sha256(f)}\n".encode("utf-8", "surrogatepass"))
     return h.hexdigest()
 
 
@@ -160,29 +162,36 @@ class ShardPlan:
         return out
 
 
-def plan_shard(files, shard: Shard, renderer=None, max_sessions: int | None = None) -> ShardPlan:
+def plan_shard(inputs, shard: Shard, renderer=None, max_sessions: int | None = None) -> ShardPlan:
     """Read the whole input (every session parsed; rendered too under the tokens rule, with `renderer`) and decide
     which sessions are this shard's. Inputs that do not parse are kept as their place (`session_key`) and left to
-    the replay to report. max_sessions: only the first N of the input count (replay --max-sessions)."""
-    from ..sessions.reading import SessionError, Skipped, read_sessions
+    the replay to report. inputs: sessions.inputs.Inputs (read once: the replay takes the same sessions, and under
+    the tokens rule this shard's renderings), or the input files; max_sessions: only the first N of the input count
+    (replay --max-sessions)."""
+    from ..sessions.inputs import Inputs
+    from ..sessions.reading import SessionError, Skipped
 
+    inputs = Inputs.of(inputs, max_sessions)
     items = []  # (key, tokens or None), by input index
-    for item in read_sessions(files, on_error="skip"):
-        if max_sessions is not None and item.index >= max_sessions:
-            break
+    for item in inputs.items("skip"):
         tokens = None
         if shard.by == "tokens" and not isinstance(item, Skipped):
             assert renderer is not None, "the tokens rule renders every session"
             try:
-                tokens = renderer.render(item).n_tokens
+                tokens = inputs.rendered(item, renderer).n_tokens
             except SessionError:
                 tokens = None
         items.append((session_key(item), tokens))
     assignment = balance({k: t for k, t in items if t is not None}, shard.count) if shard.by == "tokens" else None
-    plan = ShardPlan(shard, input_set(files), (), assignment)
+    plan = ShardPlan(shard, input_set(inputs), (), assignment)
     mine = [i for i, (k, _) in enumerate(items) if plan.owns(k)]
     keys = tuple(dict.fromkeys(items[i][0] for i in mine))  # a repeated id is one session (and its repeat)
     sizes = {items[i][0]: items[i][1] for i in mine if items[i][1] is not None}
     tokens = sum(sizes.values()) if assignment is not None else None
     total = len(dict.fromkeys(k for k, _ in items))
+    if shard.by == "tokens":  # the other shards' renderings are not this shard's to keep
+        owned = set(mine)
+        for item in inputs.items("skip"):
+            if item.index not in owned:
+                inputs.release(item)
     return ShardPlan(shard, plan.input_set, keys, assignment, tokens, tuple(mine), total)

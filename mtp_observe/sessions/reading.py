@@ -95,6 +95,7 @@ class Skipped:
     session_id: str | None
     message: str  # the one-line error
     index: int
+    error: object = field(default=None, compare=False, repr=False)  # the SessionError itself (inputs.py re-raises it)
 
 
 class MessageError(ValueError):
@@ -506,7 +507,7 @@ def read_sessions(paths: Iterable[str | Path], on_error: str = "fail") -> Iterat
             if isinstance(item, SessionError):
                 if on_error == "fail":
                     raise item
-                item = Skipped(item.path, item.line, item.session_id, str(item), index)
+                item = Skipped(item.path, item.line, item.session_id, str(item), index, item)
             index += 1
             yield item
 
