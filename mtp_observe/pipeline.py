@@ -681,7 +681,7 @@ def _replay(files, model_dir: Path, out: Path, opts: ReplayOptions, bundled: boo
             lock = tables.RunLock(out).acquire()
             run_identity = identity(info, files, opts, dtype, device, ranks, fallback, fallback_name, roster, model_dir,
                                     shard_plan=plan, serving=serving, variants=variants)
-            manifest = start_manifest(out, opts, info, run_identity, bundled, ranks.world, model_dir)
+            manifest = start_manifest(out, opts, info, run_identity, bundled, ranks.world, model_dir, note=observer.note)
         except BaseException as e:  # nothing was written: let go of the directory (and of a directory we made)
             if lock is not None:
                 lock.release()
@@ -829,6 +829,17 @@ def roster_draft_ks(name: str, k: int) -> tuple[int, ...]:
     return draft_ks(name, k)
 
 
+def written_draft_ks(opts: ReplayOptions, roster, variants) -> list[int] | None:
+    """The depth of every block of rows a replay writes per anchor (parts.py checks a part's rows by them): the
+    roster's drafters, the trees and the stepwise layer rule (variants), Kmax for each --head-precision; None for an
+    mtp-only run without them. What manifest.row_draft_ks reads back from run.json; a Ray job's driver checks its
+    parts with it too (cluster.py)."""
+    if tuple(roster.names) == ("mtp",) and not variants and not opts.head_precisions:
+        return None
+    return [kk for n in roster.names for kk in roster_draft_ks(n, opts.k)] + variants.draft_ks \
+        + [opts.k] * len(opts.head_precisions)
+
+
 def head_variants(opts: ReplayOptions, info: CheckpointInfo | None):
     """The run's head_variants.Variants: --tree's configurations, and the stepwise layer rule for a head with several
     MTP layers (none for a model-free replay)."""
@@ -892,16 +903,13 @@ def _replay_owned(files, out: Path, opts: ReplayOptions, model: LoadedModel | No
 
     roster = roster or drafter_roster(opts)
     variants = head_variants(opts, model.info if model is not None else None)  # trees, the stepwise layer rule
-    # an mtp-only run without variants is written as before (no drafter columns)
-    with_drafters = tuple(roster.names) != ("mtp",) or bool(variants)
     vocab = model.info.geometry.vocab_size if model is not None else None
     renderer = Renderer.from_model_dir(model.info.path if model is not None else model_dir, vocab_size=vocab,
                                        overrides=opts.template)
     server_default = (generation_config_profile(model.info.path) or VLLM_DEFAULTS) if model is not None else None
-    draft_ks = [kk for n in roster.names for kk in roster_draft_ks(n, opts.k)] + variants.draft_ks \
-        + [opts.k] * len(opts.head_precisions)
+    draft_ks = written_draft_ks(opts, roster, variants)
     whatifs = head_whatifs(opts, model)
-    finished = parts.finished_sessions(out, opts.k, draft_ks if with_drafters or opts.head_precisions else None,
+    finished = parts.finished_sessions(out, opts.k, draft_ks,
                                        on_damaged=lambda path, why:
                                        observer.note(f"{path}: {why}; recomputing its sessions")) if ranks.rank == 0 else None
     finished = ranks.from_rank0(finished)  # rank 0 checks (and repairs) the parts once, before anyone writes
