@@ -264,8 +264,7 @@ def start_manifest(out: Path, opts, info, identity: dict, bundled: bool, world: 
             if damage is None:
                 sessions = (resumed.get("counts") or {}).get("sessions_ok", 0)
                 raise tables.RunComplete(f"{out}: this run is already complete ({sessions:,} session"
-                                         f"{'' if sessions == 1 else 's'} of these inputs, every part read back "
-                                         "whole); nothing to resume")
+                                         f"{'' if sessions == 1 else 's'} of these inputs); nothing to resume")
             if note is not None:
                 note(f"{out}: the run was complete but {damage}; recomputing the sessions it lost")
         tables.remove_temporaries(out)
