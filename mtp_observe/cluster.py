@@ -4,7 +4,10 @@ Contract:
     RayOptions(address, replicas, gpus_per_replica)   what `replay --ray ADDRESS --replicas N --gpus-per-replica G`
                                                       asks for (ADDRESS: local, auto or ray://HOST:PORT)
     connect(options, device, model_free) -> Cluster   joins Ray (or starts a local cluster) and decides each replica's
-                                                      GPUs and device; a refusal is one line (OptionError)
+                                                      GPUs and device; a refusal is one line (OptionError): more
+                                                      replicas than the cluster's CPUs (one each) or GPUs hold
+                                                      (they would wait for resources forever), ray:// without the
+                                                      Ray client (grpcio: the [ray] extra's ray[client])
     Cluster.replay(files, out, opts, model_dir, dtype, observer, fallback, roster, plan) -> dict
                                                       the pipeline's step 2 (pipeline._replay): every session of the
                                                       input (of the shard, with --shard) replayed by the replicas, its

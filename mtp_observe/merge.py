@@ -6,19 +6,24 @@ Contract:
         other, which `report` reads as it reads one unsharded run of the same sessions — every aggregate, interval
         and verdict is recomputed from the rows (nothing is averaged from the shards' summaries), sessions in input
         order (requests.parquet `session_index`), so the report, bootstrap included, is the unsharded run's
-    sessions_of(run_dir, manifest) -> {session_id: part name}
-        every session a run's parts hold, each part read back whole (parts.read_part); a session in two parts is
-        refused (what a Ray job checks of its own directory too, cluster.py)
+    sessions_of(run_dir, manifest, draft_ks="manifest", damaged=None) -> {session_id: (part name, counts)}
+        every session a run's parts hold, each part read back whole (parts.read_part: every column, page
+        checksums); a session in two parts is refused (what a Ray job checks of its own directory too, cluster.py)
 
 Checks, each refusal one line naming the run, shard or session and the fix:
-    1. every SHARD is a run written with `replay --shard I/N` (run.json `shard`) that no replay is writing now
-    2. one job: the model (config, head tensors, weights fingerprint, generation config), tokenizer, template,
-       sampler profiles, recorded_with, drafters and their parameters, K, dtype, device kind, options and the tool
-       version — the checks `replay --resume` makes (manifest.resume_difference) — and the same number of shards,
-       assignment rule and input set (shards.input_set: every input's label and content, in order)
+    1. every SHARD is a run written with `replay --shard I/N` (run.json `shard`) that no replay is writing now, and
+       `out` is neither a shard, nor inside one (its positions.parquet/ ...), nor around one (links followed)
+    2. one job: the comparison `replay --resume` makes, the same function (manifest.resume_difference with
+       shards=True): every key of the run identity (manifest.IDENTITY_KEYS — model, tokenizer, template, samplers,
+       drafters, K, trees, layer rules, what-ifs, serving numerics, head reading, inputs, options, tool version,
+       ...), the device by kind and of `shard` the number of shards, assignment rule and input set
+       (shards.input_set: every input's label and content, in order); the first key that differs is named with
+       both values
     3. no shard given twice, none missing, every shard complete — unless --allow-partial, which merges what there
        is, records what is missing (run.json `merged.missing`) and writes status "partial" (the verdict UNRELIABLE)
-    4. every part reads back whole (the rows its spans imply); a complete shard's parts hold what its counts say
+    4. every part reads back whole (the rows its spans imply); a complete shard's parts hold what its counts say —
+       else the shard is refused with the `replay ... --resume` that recomputes what it lost, or, under
+       --allow-partial, its damaged parts are left out and their sessions recorded as missing
     5. no session in two shards' parts; every session a shard owns (`shard.session_ids`) in its parts or its errors
 
 Parts are hard-linked into RUN under their own names (a part is named by its first session's input index, so the
