@@ -22,9 +22,10 @@ Older runs (one session per part, temporaries `.part-....parquet.tmp-<pid>` insi
 directories) read as before: a part of one session is a group of one, and tables.remove_temporaries
 and --overwrite handle both temporary names.
 
-Resume (`finished_sessions`). Every part present in both tables is read back (footer, session ids,
-rows) and each of its sessions counted; a part that does not read back whole (cut short by a full
-disk, a bad copy) is reported and removed with its twin, so its sessions are recomputed.
+Resume (`finished_sessions`). Every part present in both tables is read back whole (`read_part`:
+every column of both tables decoded, the pages' checksums verified — tables.write_part writes them —,
+the rows) and each of its sessions counted; a part that does not read back whole (cut short by a full
+disk, a bad copy, a damaged page) is reported and removed with its twin, so its sessions are recomputed.
 `counts_on_disk` sums them: run.json's counts after an interrupted or failed replay.
 
 This module imports no torch.
