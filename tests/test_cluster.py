@@ -167,3 +167,15 @@ def test_ray_and_shard_options_are_checked_in_one_line_before_any_work(sessions,
     err = capsys.readouterr().err
     assert exit.value.code == 2 and err.count("\n") == 1 and needle in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_more_replicas_than_the_clusters_cpus_is_refused_naming_them_instead_of_a_silent_wait(cluster, sessions,
+                                                                                              tmp_path):
+    """Each replica is an actor of one CPU: bf66717 queued the third of --replicas 3 on a 2-CPU cluster forever."""
+    from mtp_observe.errors import OptionError
+
+    with pytest.raises(OptionError, match=r"^--replicas 3: the Ray cluster has 2 CPU\(s\) and each replica takes one, "
+                                          r"so 1 would wait forever; pass --replicas 2 or fewer"):
+        replay([sessions], default_model_dir(), tmp_path / "run",
+               ReplayOptions(k=2, device="cpu", ray=RayOptions("local", replicas=3)))
+    assert not (tmp_path / "run").exists()

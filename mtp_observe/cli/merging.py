@@ -24,6 +24,8 @@ def merge(
     parts = f"{summary.linked:,} part files linked" + (f", {summary.copied:,} copied" if summary.copied else "")
     say(out, f"merged {summary.shards} of {plural(summary.count, 'shard')}: {plural(summary.sessions, 'session')} "
              f"({summary.skipped:,} skipped), {parts} in {summary.seconds:.1f} s into {summary.out}")
+    for part, why in summary.left_out:
+        say(err, f"left out {part}: {why}; its sessions are recorded as missing")
     if summary.status != "complete":
         m = summary.missing or {}
         say(err, f"partial: {len(m.get('shards', []))} shard(s) and {len(m.get('sessions', []))} session(s) missing "

@@ -224,9 +224,9 @@ def _ray_options(address: Optional[str], replicas: Optional[int], gpus: Optional
             if value is not None:
                 raise OptionError(f"{option} applies to a replay on Ray; add --ray local|auto|ray://HOST:PORT, or drop it")
         return None
-    from ..run.cluster import RayOptions, check_address
+    from ..run.cluster import Fault, RayOptions, check_address
 
-    return RayOptions(address=check_address(address), replicas=replicas, gpus_per_replica=gpus)
+    return RayOptions(address=check_address(address), replicas=replicas, gpus_per_replica=gpus, fault=Fault.from_environ())
 
 
 def _sessions_kept(run_dir: Path) -> int:

@@ -4,7 +4,10 @@ Contract:
     RayOptions(address, replicas, gpus_per_replica)   what `replay --ray ADDRESS --replicas N --gpus-per-replica G`
                                                       asks for (ADDRESS: local, auto or ray://HOST:PORT)
     connect(options, device, model_free) -> Cluster   joins Ray (or starts a local cluster) and decides each replica's
-                                                      GPUs and device; a refusal is one line (OptionError)
+                                                      GPUs and device; a refusal is one line (OptionError): more
+                                                      replicas than the cluster's CPUs (one each) or GPUs hold
+                                                      (they would wait for resources forever), ray:// without the
+                                                      Ray client (grpcio: the [ray] extra's ray[client])
     Cluster.replay(files, out, opts, model_dir, dtype, observer, fallback, roster, plan) -> dict
                                                       the pipeline's step 2 (pipeline._replay): every session of the
                                                       input (of the shard, with --shard) replayed by the replicas, its
@@ -78,6 +81,21 @@ class Fault:
             return
         os._exit(1)  # as the kernel's OOM killer or a lost node ends it: no cleanup, no reply
 
+    @classmethod
+    def from_environ(cls) -> "Fault | None":
+        """The hook as the command line's tests set it (FAULT_ENV: JSON {"once": [...], "always": [...], "markers":
+        DIR}); None when it is not set — always, outside the tests."""
+        import json
+
+        text = os.environ.get(FAULT_ENV)
+        if not text:
+            return None
+        given = json.loads(text)
+        return cls(once=tuple(given.get("once", ())), always=tuple(given.get("always", ())), markers=given.get("markers"))
+
+
+FAULT_ENV = "MTP_OBSERVE_TEST_RAY_FAULT"  # tests/test_cluster_cli.py: kill a replica of a `replay --ray` run
+
 
 @dataclass(frozen=True)
 class RayOptions:
@@ -115,6 +133,13 @@ def connect(options: RayOptions, device: str, model_free: bool) -> "Cluster":
     except ImportError:
         raise OptionError("--ray needs Ray, an optional extra: pip install 'mtp-observe[ray]' (or pip install ray)") from None
     started = False
+    if options.address.startswith("ray://") and not ray.is_initialized():
+        try:  # what Ray checks before it builds a client (ray/_private/utils.py, get_ray_client_dependency_error)
+            import grpc  # noqa: F401
+        except ImportError:
+            raise OptionError(f"--ray {options.address}: a ray:// address needs the Ray client, which this Ray install "
+                              "lacks (grpcio); pip install 'mtp-observe[ray]' (it brings ray[client]) or "
+                              "pip install 'ray[client]'")
     if not ray.is_initialized():
         kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
         try:
@@ -138,9 +163,21 @@ def connect(options: RayOptions, device: str, model_free: bool) -> "Cluster":
         if gpus > total_gpus:
             raise OptionError(f"--gpus-per-replica {gpus:g}: the Ray cluster has {total_gpus:g} GPU(s); a replica's GPUs "
                               "must be on one node (device_map spreads the target over one process's GPUs)")
+        total_cpus = float(resources.get("CPU", 0))
         replicas = options.replicas
         if replicas is None:
             replicas = max(int(total_gpus // gpus), 1) if gpus > 0 else 1
+        # Every replica is an actor of one CPU (and its GPUs): more than the cluster holds would wait for resources
+        # forever, in silence (Ray queues the actor). Refused here, naming what Ray has; an autoscaling cluster is
+        # judged by what it holds when the job starts.
+        if replicas > total_cpus:
+            raise OptionError(f"--replicas {replicas}: the Ray cluster has {total_cpus:g} CPU(s) and each replica takes "
+                              f"one, so {replicas - int(total_cpus)} would wait forever; pass --replicas "
+                              f"{max(int(total_cpus), 1)} or fewer, or add nodes")
+        if gpus > 0 and replicas * gpus > total_gpus:
+            raise OptionError(f"--replicas {replicas} with --gpus-per-replica {gpus:g}: the Ray cluster has "
+                              f"{total_gpus:g} GPU(s), so not every replica could start; pass --replicas "
+                              f"{max(int(total_gpus // gpus), 1)} or fewer, or add nodes")
         return Cluster(options, replicas, gpus, "cuda" if gpus > 0 else "cpu", started)
     except BaseException:
         if started:
@@ -271,7 +308,7 @@ class Cluster:
         finally:
             self.close_replicas()
         writer.flush()
-        _check_written(out, opts, roster, result.pop("expected"))
+        _check_written(out, opts.k, *result.pop("expected"))
         return result
 
     def close_replicas(self) -> None:
@@ -303,21 +340,19 @@ class Cluster:
         from ..sessions.rendering import Renderer
         from . import parts, tables
         from .manifest import COUNT_KEYS, MAX_KEYS
-        from .options import head_variants, roster_draft_ks, session_sampler
+        from .options import head_variants, session_sampler, written_draft_ks
         from .shards import session_key
 
         inputs = Inputs.of(files, opts.max_sessions)  # the sessions the pipeline already read (or these paths)
         target = roster.needs_model
         variants = head_variants(opts, read_checkpoint(model_dir) if target else None)  # what the replicas replay too
-        with_drafters = tuple(roster.names) != ("mtp",) or bool(variants)
         stateful = roster.stateful
         info_path = model_dir
         renderer = Renderer.from_model_dir(info_path, vocab_size=_vocab(model_dir) if target else None,
                                            overrides=opts.template)
         server_default = (generation_config_profile(model_dir) or VLLM_DEFAULTS) if target else None
-        draft_ks = [kk for n in roster.names for kk in roster_draft_ks(n, opts.k)] + variants.draft_ks \
-            + [opts.k] * len(opts.head_precisions)
-        finished = parts.finished_sessions(out, opts.k, draft_ks if with_drafters or opts.head_precisions else None,
+        draft_ks = written_draft_ks(opts, roster, variants)  # the rows a part holds, as a process's replay checks them
+        finished = parts.finished_sessions(out, opts.k, draft_ks,
                                            on_damaged=lambda path, why:
                                            observer.note(f"{path}: {why}; recomputing its sessions"))
         counts = dict.fromkeys(COUNT_KEYS + MAX_KEYS, 0)
@@ -468,7 +503,7 @@ class Cluster:
                 total["seconds"] = round(total["seconds"] + x["seconds"], 3)
                 total["anchors"] += x["anchors"]
         return {"counts": counts, "errors": errors, "per_file": per_file, "fresh_tokens": fresh_tokens,
-                "wall_s": time.time() - started, "drafting": timing, "cluster": self.manifest(), "expected": expected}
+                "wall_s": time.time() - started, "drafting": timing, "cluster": self.manifest(), "expected": (expected, draft_ks)}
 
 
 def dispatch_order(tasks: list[Task], stateful: bool) -> list[Task]:
@@ -489,10 +524,11 @@ def _cause(e: BaseException) -> str:
     return first[:200]
 
 
-def _check_written(out: Path, opts, roster, expected: set[str]) -> None:
-    """The run directory holds every session once — what merge checks of its shards (merge.sessions_of)."""
+def _check_written(out: Path, k: int, expected: set[str], draft_ks: list[int] | None) -> None:
+    """The run directory holds every session once, each part whole with the rows a replay of these options writes
+    (draft_ks: options.written_draft_ks, as --resume checks them) — what merge checks of its shards."""
     from .merge import sessions_of
 
-    held = sessions_of(out, {"k": opts.k, "drafters": roster.manifest() if tuple(roster.names) != ("mtp",) else None})
+    held = sessions_of(out, {"k": k}, draft_ks=draft_ks)
     assert set(held) == expected, (f"the run holds {len(held)} sessions, {len(expected)} were written: "
                                    f"{sorted(set(held) ^ expected)[:3]}")

@@ -111,13 +111,48 @@ def identity(info, inputs, opts, dtype, device: str, ranks, fallback, fallback_n
         "whatifs": ({"head_precision": list(opts.head_precisions), "draft_p_min": [float(t) for t in opts.draft_p_min]}
                     if opts.head_precisions or opts.draft_p_min else None),
         "tool_version": __version__,
-    }
+    }  # keys: IDENTITY_KEYS (resume_difference compares every one)
 
 
-def resume_difference(identity: dict, resumed: dict) -> str | None:
-    """What differs between this run and the interrupted one, for the refusal; None when nothing does."""
+IDENTITY_KEYS = ("model", "tokenizer_sha256", "k", "dtype", "device", "sampling", "recorded_with", "drafters", "trees",
+                 "layer_rules", "target_ran", "head_reading", "serving", "inputs", "options", "rendering", "shard",
+                 "whatifs", "tool_version")  # what identity() returns: what --resume and merge compare, every key
+MODEL_KEYS = ("config_sha256", "head_tensors", "weights_fingerprint", "generation_config_sha256")
+_MODEL_NAMES = {"config_sha256": ("the model's config.json differs", ""),
+                "head_tensors": ("the model's head tensors differ", ""),
+                "weights_fingerprint": ("the model's weights differ", "; config.json is the same: a fine-tune or a "
+                                                                      "retrained head?"),
+                "generation_config_sha256": ("the model's generation_config.json differs",
+                                             "; its end-of-turn ids decide the scored spans")}
+SHARD_JOB = ("count", "by", "rule", "input_set")  # what every shard of one job shares of run.json `shard`
+
+
+def recorded_identity(manifest: dict) -> dict:
+    """The identity a run.json records, in identity()'s keys (IDENTITY_KEYS): what a resumed run, or another shard
+    of the job, is compared with. Older runs' defaults: the drafters mtp alone, the target run."""
+    model = manifest.get("model") or {}
+    ident = {key: manifest.get(key) for key in IDENTITY_KEYS}
+    ident["model"] = {key: model.get(key) for key in MODEL_KEYS}
+    ident["inputs"] = [{"path": i.get("path"), "sha256": i.get("sha256")} for i in manifest.get("inputs") or []]
+    ident["tool_version"] = (manifest.get("tool") or {}).get("version")
+    ident["drafters"] = manifest.get("drafters") or {"mtp": {"draft_k": [manifest.get("k")]}}
+    ident["target_ran"] = manifest.get("target_ran", True)
+    return ident
+
+
+def _of_the_job(ident: dict) -> dict:
+    """An identity as the shards of one job share it: the device by kind (cuda:0 on one node is cuda on another),
+    the shard by what every shard of the job has (not its index or its sessions)."""
+    return {**ident, "device": str(ident.get("device")).split(":")[0],
+            "shard": {key: (ident.get("shard") or {}).get(key) for key in SHARD_JOB}}
+
+
+def resume_difference(identity: dict, resumed: dict, shards: bool = False) -> str | None:
+    """What differs between this run's identity (identity()) and a run.json — the interrupted run's for --resume, or
+    (shards=True, identity: recorded_identity of the first shard) another shard's for merge — for the refusal:
+    the first key that differs, with both values ("... in the run, ... here"); None when nothing does. The one
+    comparison both make: every key identity() returns (IDENTITY_KEYS)."""
     theirs_model = resumed.get("model") or {}
-    mine_model = identity["model"]
     if theirs_model.get("weights_fingerprint") is None and resumed.get("schema_version", 1) < 2:
         return (f"it was written by an older mtp-observe (schema_version {resumed.get('schema_version')}), which "
                 "recorded no weights fingerprint to check the checkpoint against")
@@ -126,33 +161,44 @@ def resume_difference(identity: dict, resumed: dict) -> str | None:
     if resumed.get("schema_version") != SCHEMA_VERSION:
         return (f"it was written with schema_version {resumed.get('schema_version')} and this mtp-observe writes "
                 f"{SCHEMA_VERSION} (its parts would mix two layouts)")
-    if theirs_model.get("config_sha256") != mine_model["config_sha256"]:
-        return "the model's config.json differs"
-    if theirs_model.get("head_tensors") != mine_model["head_tensors"]:
-        return "the model's head tensors differ"
-    if theirs_model.get("weights_fingerprint") != mine_model["weights_fingerprint"]:
-        a = (theirs_model.get("weights_fingerprint") or {}).get("sha256", "?")
-        b = mine_model["weights_fingerprint"]["sha256"]
-        return (f"the model's weights differ (fingerprint {b[:12]} here, {str(a)[:12]} in the run; config.json is the "
-                "same: a fine-tune or a retrained head?)")
-    if theirs_model.get("generation_config_sha256") != mine_model["generation_config_sha256"]:
-        return "the model's generation_config.json differs (its end-of-turn ids decide the scored spans)"
-    for key, value in identity.items():
-        if key in ("model", "drafters", "target_ran"):
+    assert set(identity) == set(IDENTITY_KEYS), sorted(set(identity) ^ set(IDENTITY_KEYS))
+    mine, theirs = identity, recorded_identity(resumed)
+    if shards:
+        mine, theirs = _of_the_job(mine), _of_the_job(theirs)
+    for key in MODEL_KEYS:
+        a, b = theirs["model"].get(key), mine["model"].get(key)
+        if a != b:
+            what, note = _MODEL_NAMES[key]
+            if key == "weights_fingerprint":  # its sha256 says it; the rest (the files' sizes and names) is long
+                a, b = (a or {}).get("sha256", "?"), (b or {}).get("sha256", "?")
+                return f"{what} (model.{key} {str(a)[:12]} in the run, {str(b)[:12]} here{note})"
+            return f"{what} (model.{key} {_short(a)} in the run, {_short(b)} here{note})"
+    for key in IDENTITY_KEYS:
+        if key == "model":
             continue
-        theirs = resumed.get(key)
-        if key == "inputs":
-            theirs = [{"path": i.get("path"), "sha256": i.get("sha256")} for i in resumed.get("inputs", [])]
-        elif key == "tool_version":
-            theirs = (resumed.get("tool") or {}).get("version")
-        if theirs != value:
-            return f"{key.replace('_', ' ')} differs ({_short(theirs)} in the run, {_short(value)} here)"
-    theirs_drafters = resumed.get("drafters") or {"mtp": {"draft_k": [resumed.get("k")]}}  # older runs: mtp alone
-    if theirs_drafters != identity["drafters"]:
-        return f"the drafters differ ({_short(theirs_drafters)} in the run, {_short(identity['drafters'])} here)"
-    if resumed.get("target_ran", True) != identity["target_ran"]:
-        return "the target ran in one run and not in the other"
+        where, a, b = _first_difference(key, theirs.get(key), mine.get(key))
+        if where is not None:
+            named = "" if where == key else f"{where} "  # the key inside it that differs (a tree, a linear's rule)
+            return f"{key.replace('_', ' ')} differs ({named}{_short(a)} in the run, {_short(b)} here)"
     return None
+
+
+def _first_difference(where: str, a, b):
+    """(the dotted key of the first value that differs, its value in a, in b), or (None, None, None): a tree, a
+    layer rule or one serving linear named, not a truncated dump of the whole key."""
+    if a == b:
+        return None, None, None
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in list(a) + [k for k in b if k not in a]:
+            found = _first_difference(f"{where}.{key}", a.get(key), b.get(key))
+            if found[0] is not None:
+                return found
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            found = _first_difference(f"{where}[{i}]", x, y)
+            if found[0] is not None:
+                return found
+    return where, a, b
 
 
 def _short(value) -> str:
@@ -162,10 +208,41 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def complete_run_damage(out: Path, manifest: dict) -> str | None:
+    """What a complete run lost since it was written — a part that does not read back whole (parts.read_part: every
+    column, its page checksums, the rows its spans imply), or parts whose sessions and rows are not run.json's counts
+    (a part deleted or added) —, in words; None when every part is whole and the counts hold. What `replay --resume`
+    of a complete run checks before it says there is nothing to do."""
+    from . import parts, tables
+
+    draft_ks = row_draft_ks(manifest)
+    damaged: list[str] = []
+    on_disk = dict.fromkeys(("sessions_ok",) + parts.COUNTED, 0)
+    for name in sorted(tables.done_parts(out)):  # each part read once
+        sessions, _ = parts.read_part(out, name, manifest["k"], draft_ks)
+        if sessions is None:
+            damaged.append(name)
+        for c in (sessions or {}).values():
+            on_disk["sessions_ok"] += 1
+            for key in parts.COUNTED:
+                on_disk[key] += c[key]
+    if damaged:
+        return (f"{len(damaged)} part(s) no longer read back whole ({tables.POSITIONS}/{damaged[0]}"
+                f"{', ...' if len(damaged) > 1 else ''})")
+    counts = manifest.get("counts") or {}
+    for key in ("sessions_ok",) + parts.COUNTED:
+        if counts.get(key) != on_disk[key]:
+            return f"its parts hold {on_disk[key]:,} {key} where run.json counts {counts.get(key)} (a part deleted?)"
+    return None
+
+
 def start_manifest(out: Path, opts, info, identity: dict, bundled: bool, world: int,
-                    model_dir: Path | None = None) -> dict:
+                    model_dir: Path | None = None, note=None) -> dict:
     """Check the run directory (fresh, --resume or --overwrite) and write the running manifest (info None: a
-    model-free replay: the model's weights, numerics and roofline are null)."""
+    model-free replay: the model's weights, numerics and roofline are null). A complete run resumed is checked
+    (complete_run_damage): whole, it is tables.RunComplete (nothing to do); damaged, it is resumed like an
+    interrupted one — its damaged parts removed and their sessions recomputed (parts.finished_sessions), said
+    through note(message)."""
     import platform
 
     import torch
@@ -185,9 +262,13 @@ def start_manifest(out: Path, opts, info, identity: dict, bundled: bool, world: 
             raise RunDirectoryError(f"{out}: cannot resume, {different}; rerun with the same checkpoint, inputs and "
                                     "options, or --overwrite")
         if resumed.get("status") == "complete":
-            sessions = (resumed.get("counts") or {}).get("sessions_ok", 0)
-            raise tables.RunComplete(f"{out}: this run is already complete ({sessions:,} session"
-                                     f"{'' if sessions == 1 else 's'} of these inputs); nothing to resume")
+            damage = complete_run_damage(out, resumed)
+            if damage is None:
+                sessions = (resumed.get("counts") or {}).get("sessions_ok", 0)
+                raise tables.RunComplete(f"{out}: this run is already complete ({sessions:,} session"
+                                         f"{'' if sessions == 1 else 's'} of these inputs); nothing to resume")
+            if note is not None:
+                note(f"{out}: the run was complete but {damage}; recomputing the sessions it lost")
         tables.remove_temporaries(out)
     from ..model.target import generation_config_profile
 

@@ -6,19 +6,24 @@ Contract:
         other, which `report` reads as it reads one unsharded run of the same sessions — every aggregate, interval
         and verdict is recomputed from the rows (nothing is averaged from the shards' summaries), sessions in input
         order (requests.parquet `session_index`), so the report, bootstrap included, is the unsharded run's
-    sessions_of(run_dir, manifest) -> {session_id: part name}
-        every session a run's parts hold, each part read back whole (parts.read_part); a session in two parts is
-        refused (what a Ray job checks of its own directory too, cluster.py)
+    sessions_of(run_dir, manifest, draft_ks="manifest", damaged=None) -> {session_id: (part name, counts)}
+        every session a run's parts hold, each part read back whole (parts.read_part: every column, page
+        checksums); a session in two parts is refused (what a Ray job checks of its own directory too, cluster.py)
 
 Checks, each refusal one line naming the run, shard or session and the fix:
-    1. every SHARD is a run written with `replay --shard I/N` (run.json `shard`) that no replay is writing now
-    2. one job: the model (config, head tensors, weights fingerprint, generation config), tokenizer, template,
-       sampler profiles, recorded_with, drafters and their parameters, K, dtype, device kind, options and the tool
-       version — the checks `replay --resume` makes (manifest.resume_difference) — and the same number of shards,
-       assignment rule and input set (shards.input_set: every input's label and content, in order)
+    1. every SHARD is a run written with `replay --shard I/N` (run.json `shard`) that no replay is writing now, and
+       `out` is neither a shard, nor inside one (its positions.parquet/ ...), nor around one (links followed)
+    2. one job: the comparison `replay --resume` makes, the same function (manifest.resume_difference with
+       shards=True): every key of the run identity (manifest.IDENTITY_KEYS — model, tokenizer, template, samplers,
+       drafters, K, trees, layer rules, what-ifs, serving numerics, head reading, inputs, options, tool version,
+       ...), the device by kind and of `shard` the number of shards, assignment rule and input set
+       (shards.input_set: every input's label and content, in order); the first key that differs is named with
+       both values
     3. no shard given twice, none missing, every shard complete — unless --allow-partial, which merges what there
        is, records what is missing (run.json `merged.missing`) and writes status "partial" (the verdict UNRELIABLE)
-    4. every part reads back whole (the rows its spans imply); a complete shard's parts hold what its counts say
+    4. every part reads back whole (the rows its spans imply); a complete shard's parts hold what its counts say —
+       else the shard is refused with the `replay ... --resume` that recomputes what it lost, or, under
+       --allow-partial, its damaged parts are left out and their sessions recorded as missing
     5. no session in two shards' parts; every session a shard owns (`shard.session_ids`) in its parts or its errors
 
 Parts are hard-linked into RUN under their own names (a part is named by its first session's input index, so the
@@ -35,10 +40,6 @@ from pathlib import Path
 
 from ..errors import RunDirectoryError
 
-IDENTITY = ("model", "tokenizer_sha256", "k", "dtype", "device", "sampling", "recorded_with", "drafters", "target_ran",
-            "options", "rendering", "shard", "tool_version")
-JOB = ("count", "by", "rule", "input_set")  # what every shard of one job shares of run.json `shard`
-
 
 @dataclass(frozen=True)
 class MergeSummary:
@@ -52,18 +53,21 @@ class MergeSummary:
     status: str  # "complete" | "partial"
     missing: dict | None  # run.json merged.missing (None when nothing is)
     seconds: float
+    left_out: tuple = ()  # ((part path, why), ...): damaged parts --allow-partial left out, their sessions missing
 
 
-def _identity(manifest: dict) -> dict:
-    """A shard's run.json as the identity manifest.resume_difference compares: the device by kind (cuda:0 on one
-    node is cuda on another), the shard by what the job's shards share."""
-    ident = {key: manifest.get(key) for key in IDENTITY}
-    ident["tool_version"] = (manifest.get("tool") or {}).get("version")
-    ident["device"] = str(manifest.get("device")).split(":")[0]
-    ident["shard"] = {key: (manifest.get("shard") or {}).get(key) for key in JOB}
-    ident["drafters"] = manifest.get("drafters") or {"mtp": {"draft_k": [manifest.get("k")]}}
-    ident["target_ran"] = manifest.get("target_ran", True)
-    return ident
+def _overlap(out: Path, shard: Path) -> str | None:
+    """How the merged run's directory would meet a shard's (links followed): it is the shard, inside it (its
+    positions.parquet/, requests.parquet/ or anywhere else), or around it (writing there would put the merged run's
+    parts and run.json beside or over the shard's); None when they are apart."""
+    o, p = out.resolve(), shard.resolve()
+    if o == p:
+        return "is the shard"
+    if o.is_relative_to(p):
+        return "is inside the shard"
+    if p.is_relative_to(o):
+        return "holds the shard"
+    return None
 
 
 def _being_written(run_dir: Path) -> bool:
@@ -90,16 +94,24 @@ def _draft_ks(manifest: dict) -> list[int] | None:
     return row_draft_ks(manifest)
 
 
-def sessions_of(run_dir: Path, manifest: dict) -> dict[str, tuple[str, dict]]:
-    """{session_id: (part name, its counts)} of every part in both tables, each read back whole; a part that does not,
-    or a session in two parts, is one RunDirectoryError."""
+def sessions_of(run_dir: Path, manifest: dict, draft_ks="manifest", damaged: list | None = None
+                ) -> dict[str, tuple[str, dict]]:
+    """{session_id: (part name, its counts)} of every part in both tables, each read back whole (parts.read_part:
+    every column); a part that does not, or a session in two parts, is one RunDirectoryError — or, given a list
+    `damaged` (merge --allow-partial), a part that does not read back is appended to it as (path, why) and left out.
+    draft_ks: the row blocks per anchor (default: the manifest's, manifest.row_draft_ks)."""
     from . import parts, tables
 
+    if draft_ks == "manifest":
+        draft_ks = _draft_ks(manifest)
     out: dict[str, tuple[str, dict]] = {}
     for name in sorted(tables.done_parts(run_dir)):
-        sessions, damaged = parts.read_part(run_dir, name, manifest["k"], _draft_ks(manifest))
+        sessions, damaged_why = parts.read_part(run_dir, name, manifest["k"], draft_ks)
+        if sessions is None and damaged is not None:
+            damaged.append((Path(run_dir) / tables.POSITIONS / name, damaged_why))
+            continue
         if sessions is None:
-            raise RunDirectoryError(f"{Path(run_dir) / tables.POSITIONS / name}: {damaged}; the run is damaged: "
+            raise RunDirectoryError(f"{Path(run_dir) / tables.POSITIONS / name}: {damaged_why}; the run is damaged: "
                                     f"resume it (mtp-observe replay ... --out {run_dir} --resume) to recompute its sessions")
         for sid, counts in sessions.items():
             if sid in out:
@@ -112,7 +124,7 @@ def sessions_of(run_dir: Path, manifest: dict) -> dict[str, tuple[str, dict]]:
 def merge_runs(shards, out: Path, allow_partial: bool = False, overwrite: bool = False) -> MergeSummary:
     """Check the shard runs (module doc) and join them into `out`."""
     from . import tables
-    from .manifest import COUNT_KEYS, MAX_KEYS, now, resume_difference
+    from .manifest import COUNT_KEYS, MAX_KEYS, now, recorded_identity, resume_difference
 
     started = time.time()
     paths = [Path(s) for s in shards]
@@ -129,13 +141,14 @@ def merge_runs(shards, out: Path, allow_partial: bool = False, overwrite: bool =
                                     "`mtp-observe replay --shard I/N`")
         if _being_written(path):
             raise RunDirectoryError(f"{path}: a replay is writing this shard now; wait for it to finish, then merge")
-        if out.resolve() == path.resolve():
-            raise RunDirectoryError(f"--out {out} is one of the shards; write the merged run elsewhere")
+        where = _overlap(out, path)
+        if where is not None:
+            raise RunDirectoryError(f"--out {out} {where} {path}; write the merged run outside every shard (e.g. beside "
+                                    "them)")
         runs.append((path, manifest))
     first_path, first = runs[0]
-    for path, manifest in runs[1:]:
-        other = {**_identity(manifest), "schema_version": manifest.get("schema_version"), "tool": manifest.get("tool")}
-        different = resume_difference(_identity(first), other)
+    for path, manifest in runs:  # the comparison --resume makes (one function), on what shards of a job share
+        different = resume_difference(recorded_identity(first), manifest, shards=True)
         if different is not None:
             different = different.replace("in the run", f"in {path}").replace(" here", f" in {first_path}")
             raise RunDirectoryError(f"{path}: not a shard of the same job as {first_path}: {different}; merge the shards "
@@ -164,8 +177,12 @@ def merge_runs(shards, out: Path, allow_partial: bool = False, overwrite: bool =
     held: dict[str, int] = {}  # session id -> shard
     per_shard: dict[int, dict] = {}
     missing_sessions: list[str] = []
+    unknown: list[int] = []
+    left_out: list = []  # (part, why): damaged parts --allow-partial leaves out (their sessions are then missing)
     for i, (path, manifest) in sorted(by_index.items()):
-        sessions = sessions_of(path, manifest)
+        damaged: list | None = [] if allow_partial else None
+        sessions = sessions_of(path, manifest, damaged=damaged)
+        left_out += damaged or []
         for sid in sessions:
             if sid in held:
                 raise RunDirectoryError(f"session {sid} is in shard {held[sid]}/{count} ({by_index[held[sid]][0]}) and in "
@@ -173,23 +190,28 @@ def merge_runs(shards, out: Path, allow_partial: bool = False, overwrite: bool =
                                         "them again with one command")
             held[sid] = i
         per_shard[i] = sessions
-        if manifest.get("status") == "complete":
-            _check_counts(path, manifest, sessions)
         skipped = {e.get("session_id") if e.get("session_id") is not None else f"{e.get('path')}:{e.get('line')}"
                    for e in manifest.get("errors") or []}
         lost = [sid for sid in manifest["shard"].get("session_ids") or [] if sid not in sessions and sid not in skipped]
+        # --allow-partial: what a shard lost (a part deleted or damaged) is recorded as missing, not refused
+        if manifest.get("status") == "complete" and not (allow_partial and (lost or damaged)):
+            _check_counts(path, manifest, sessions)
         if lost and manifest.get("status") == "complete" and not allow_partial:
             raise RunDirectoryError(f"{path}: session {lost[0]} of shard {i}/{count} is in neither its parts nor its "
-                                    f"errors ({len(lost)} missing); the run changed after it was written: resume it, or "
+                                    f"errors ({len(lost)} missing); the run changed after it was written: resume it "
+                                    f"(mtp-observe replay ... --out {path} --resume) to recompute them, or "
                                     "--allow-partial")
         missing_sessions += lost
+        if damaged and not manifest["shard"].get("session_ids"):
+            unknown.append(i)  # it lost a part, and it does not list its sessions: which are missing is not known
 
     # Write: the running manifest, the parts linked, the final manifest.
     lock = tables.RunLock(out).acquire()
     try:
         tables.prepare_run_directory(out, resume=False, overwrite=overwrite,
                                      fix="pass --overwrite to replace it with the merged run, or another -o")
-        merged = _merged_manifest(first, by_index, count, per_shard, absent, missing_sessions, now, COUNT_KEYS, MAX_KEYS)
+        merged = _merged_manifest(first, by_index, count, per_shard, absent, missing_sessions, now, COUNT_KEYS, MAX_KEYS,
+                                  unknown)
         tables.write_json_atomic(out / tables.MANIFEST, {**merged, "status": "running", "finished": None},
                                  hint="free space, then merge again with --overwrite")
         linked = copied = 0
@@ -207,7 +229,8 @@ def merge_runs(shards, out: Path, allow_partial: bool = False, overwrite: bool =
         lock.release()
     return MergeSummary(out=out, shards=len(by_index), count=count, sessions=merged["counts"]["sessions_ok"],
                         skipped=merged["counts"]["sessions_skipped"], linked=linked, copied=copied,
-                        status=merged["status"], missing=merged["merged"]["missing"], seconds=time.time() - started)
+                        status=merged["status"], missing=merged["merged"]["missing"], seconds=time.time() - started,
+                        left_out=tuple(left_out))
 
 
 def _check_counts(path: Path, manifest: dict, sessions: dict) -> None:
@@ -218,11 +241,13 @@ def _check_counts(path: Path, manifest: dict, sessions: dict) -> None:
     for key, value in found.items():
         if isinstance(counts.get(key), int) and counts[key] != value:
             raise RunDirectoryError(f"{path / 'run.json'}: counts.{key} is {counts[key]} but its parts hold {value}; the "
-                                    "shard changed after it was written (a part deleted, added or cut?): replay it again")
+                                    "shard changed after it was written (a part deleted, added or cut?): resume it "
+                                    f"(mtp-observe replay ... --out {path} --resume) to recompute what it lost, or "
+                                    "--allow-partial")
 
 
 def _merged_manifest(first: dict, by_index: dict, count: int, per_shard: dict, absent: list[int], lost: list[str], now,
-                     count_keys, max_keys) -> dict:
+                     count_keys, max_keys, unknown: list[int] = ()) -> dict:
     """run.json of the merged run: the shards' identity, counts recomputed from their parts, every shard's errors in
     input order, `merged` (tables.py, version 3)."""
     manifests = [m for _, (_, m) in sorted(by_index.items())]
@@ -247,8 +272,8 @@ def _merged_manifest(first: dict, by_index: dict, count: int, per_shard: dict, a
     if drafting:
         timing["drafting"] = drafting
     missing = None
-    if absent or lost:
-        missing = {"shards": absent, "sessions": lost, "unknown": []}
+    if absent or lost or unknown:
+        missing = {"shards": absent, "sessions": lost, "unknown": list(unknown)}
     shard = first["shard"]
     merged = {key: value for key, value in first.items() if key not in ("shard", "failure", "cluster")}
     merged.update(

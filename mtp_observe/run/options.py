@@ -181,6 +181,17 @@ def roster_draft_ks(name: str, k: int) -> tuple[int, ...]:
     return draft_ks(name, k)
 
 
+def written_draft_ks(opts: ReplayOptions, roster, variants) -> list[int] | None:
+    """The depth of every block of rows a replay writes per anchor (parts.py checks a part's rows by them): the
+    roster's drafters, the trees and the stepwise layer rule (variants), Kmax for each --head-precision; None for an
+    mtp-only run without them. What manifest.row_draft_ks reads back from run.json; a Ray job's driver checks its
+    parts with it too (cluster.py)."""
+    if tuple(roster.names) == ("mtp",) and not variants and not opts.head_precisions:
+        return None
+    return [kk for n in roster.names for kk in roster_draft_ks(n, opts.k)] + variants.draft_ks \
+        + [opts.k] * len(opts.head_precisions)
+
+
 def head_variants(opts: ReplayOptions, info: CheckpointInfo | None):
     """The run's head_variants.Variants: --tree's configurations, and the stepwise layer rule for a head with several
     MTP layers (none for a model-free replay)."""

@@ -22,9 +22,10 @@ Older runs (one session per part, temporaries `.part-....parquet.tmp-<pid>` insi
 directories) read as before: a part of one session is a group of one, and tables.remove_temporaries
 and --overwrite handle both temporary names.
 
-Resume (`finished_sessions`). Every part present in both tables is read back (footer, session ids,
-rows) and each of its sessions counted; a part that does not read back whole (cut short by a full
-disk, a bad copy) is reported and removed with its twin, so its sessions are recomputed.
+Resume (`finished_sessions`). Every part present in both tables is read back whole (`read_part`:
+every column of both tables decoded, the pages' checksums verified — tables.write_part writes them —,
+the rows) and each of its sessions counted; a part that does not read back whole (cut short by a full
+disk, a bad copy, a damaged page) is reported and removed with its twin, so its sessions are recomputed.
 `counts_on_disk` sums them: run.json's counts after an interrupted or failed replay.
 
 This module imports no torch.
@@ -146,12 +147,22 @@ class Finished:
 
 
 def read_part(run_dir: Path, name: str, k: int, draft_ks: list[int] | None = None) -> tuple[dict[str, dict] | None, str | None]:
-    """({session_id: counts}, None) for a part whose two tables read back whole, or (None, what is wrong)."""
+    """({session_id: counts}, None) for a part whose two tables read back whole, or (None, what is wrong). Whole:
+    every column of both tables decoded (every page decompressed and read; a damaged page in any column fails) with
+    the pages' checksums verified where the part has them (tables.write_part writes them), and the rows its
+    requests' spans imply. The check merge, --resume and a Ray job's end make, one part at a time."""
     try:
-        req = pq.read_table(Path(run_dir) / tables.REQUESTS / name, columns=["session_id", "n_tokens", "spans"])
-        pos = pq.read_table(Path(run_dir) / tables.POSITIONS / name, columns=["session_id", "depth"])
+        req = pq.read_table(Path(run_dir) / tables.REQUESTS / name, page_checksum_verification=True)
+        pos = pq.read_table(Path(run_dir) / tables.POSITIONS / name, page_checksum_verification=True)
+        for table in (req, pos):
+            table.validate(full=True)  # offsets, lengths and UTF-8 of what was decoded
     except (OSError, pa.ArrowException) as e:
         return None, f"cannot be read back ({tables._one_line(e)})"
+    for table, data, needed in ((tables.REQUESTS, req, ("session_id", "n_tokens", "spans")),
+                                (tables.POSITIONS, pos, ("session_id",))):
+        absent = [c for c in needed if c not in data.column_names]
+        if absent:
+            return None, f"cannot be read back ({table} has no {absent[0]} column)"
     return _session_counts(req, pos, k, draft_ks)
 
 

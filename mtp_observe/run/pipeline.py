@@ -56,8 +56,8 @@ from .options import (
     drafter_roster,
     head_variants,
     recorded_fallback,
-    roster_draft_ks,
     session_sampler,
+    written_draft_ks,
 )
 from .ranks import Ranks, portable, ranks_from_env
 from .requests import session_parts
@@ -168,7 +168,8 @@ def _replay(inputs: Inputs, model_dir: Path, out: Path, opts: ReplayOptions, bun
             lock = tables.RunLock(out).acquire()
             run_identity = identity(st.info, inputs, opts, st.dtype, st.device, ranks, fallback, fallback_name, roster,
                                     model_dir, shard_plan=st.plan, serving=st.serving, variants=st.variants)
-            manifest = start_manifest(out, opts, st.info, run_identity, bundled, ranks.world, model_dir)
+            manifest = start_manifest(out, opts, st.info, run_identity, bundled, ranks.world, model_dir,
+                                      note=observer.note)
         except BaseException as e:  # nothing was written: let go of the directory (and of a directory we made)
             if lock is not None:
                 lock.release()
@@ -349,10 +350,7 @@ def _finished_parts(out: Path, opts: ReplayOptions, roster, variants, ranks, obs
     anyone writes)."""
     from . import parts
 
-    with_drafters = tuple(roster.names) != ("mtp",) or bool(variants)
-    draft_ks = [kk for n in roster.names for kk in roster_draft_ks(n, opts.k)] + variants.draft_ks \
-        + [opts.k] * len(opts.head_precisions)
-    finished = parts.finished_sessions(out, opts.k, draft_ks if with_drafters or opts.head_precisions else None,
+    finished = parts.finished_sessions(out, opts.k, written_draft_ks(opts, roster, variants),
                                        on_damaged=lambda path, why:
                                        observer.note(f"{path}: {why}; recomputing its sessions")) if ranks.rank == 0 else None
     return ranks.from_rank0(finished)

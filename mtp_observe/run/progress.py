@@ -513,8 +513,8 @@ class ProgressDisplay:
         if self.on_estimate is not None:
             self.on_estimate(estimate_line(estimate))
 
-    def start(self, *args) -> None:
-        self.counter.start(*args)
+    def start(self, *args, **kwargs) -> None:
+        self.counter.start(*args, **kwargs)  # a Ray job passes its total tokens (cluster.py: tokens=)
         if self.want_live and self.live is None:
             self._begin_live()
 

@@ -369,7 +369,9 @@ def write_part(table: pa.Table, directory: Path, name: str, temporary: Path | No
     tmp = temporary if temporary is not None else directory / f".{name}.tmp-{os.getpid()}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, tmp, compression="zstd")
+        # page checksums (CRC32 of every page, Parquet's PageHeader.crc): parts.read_part verifies them, so a page
+        # damaged on disk or in a copy is caught in whichever column it is; every reader ignores or checks them
+        pq.write_table(table, tmp, compression="zstd", write_page_checksum=True)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, final)
