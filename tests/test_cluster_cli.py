@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from mtp_observe.drafting.tree import parse_tree
 from mtp_observe.model.loading import default_model_dir
 from mtp_observe.run.cluster import FAULT_ENV
 from mtp_observe.run.options import ReplayOptions
 from mtp_observe.run.pipeline import replay
-from mtp_observe.tree import parse_tree
 
 from .test_merge import report_of, same_tables
 
