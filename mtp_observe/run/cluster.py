@@ -329,106 +329,56 @@ class Cluster:
         return actor.remote(str(model_dir), opts, self.device, dtype_name, self.options.fault)
 
     def _replay(self, files, out: Path, opts, model_dir: Path, dtype, observer, fallback, roster, plan, writer) -> dict:
-        import numpy as np
-        import ray
-        from ray.exceptions import ObjectLostError, OwnerDiedError, RayActorError
-
-        from ..model.checkpoint import read_checkpoint
-        from ..model.target import VLLM_DEFAULTS, generation_config_profile
         from ..sessions.inputs import Inputs
-        from ..sessions.reading import SessionError, Skipped, input_name, speculative_steps
-        from ..sessions.rendering import Renderer
-        from . import parts, tables
-        from .manifest import COUNT_KEYS, MAX_KEYS
-        from .options import head_variants, session_sampler, written_draft_ks
-        from .shards import session_key
 
         inputs = Inputs.of(files, opts.max_sessions)  # the sessions the pipeline already read (or these paths)
-        target = roster.needs_model
-        variants = head_variants(opts, read_checkpoint(model_dir) if target else None)  # what the replicas replay too
-        stateful = roster.stateful
-        info_path = model_dir
-        renderer = Renderer.from_model_dir(info_path, vocab_size=_vocab(model_dir) if target else None,
-                                           overrides=opts.template)
-        server_default = (generation_config_profile(model_dir) or VLLM_DEFAULTS) if target else None
-        draft_ks = written_draft_ks(opts, roster, variants)  # the rows a part holds, as a process's replay checks them
-        finished = parts.finished_sessions(out, opts.k, draft_ks,
-                                           on_damaged=lambda path, why:
-                                           observer.note(f"{path}: {why}; recomputing its sessions"))
-        counts = dict.fromkeys(COUNT_KEYS + MAX_KEYS, 0)
-        errors: list[dict] = []
-        per_file = {input_name(f): 0 for f in inputs.files}
-        tasks: list[Task] = []
-        feeds: list[tuple[int, object]] = []  # (input index, object ref of its outputs), every renderable session
-        expected: set[str] = set()  # the sessions the run directory must hold at the end
-        kept: list[tuple[str, int]] = []  # (id, tokens) of a resumed run's finished sessions
-
-        def skip(index, path, line, session_id, message):
-            errors.append({"index": index, "path": path, "line": line, "session_id": session_id, "message": message})
-            counts["sessions_skipped"] += 1
-            observer.warn(message)
-
-        def outputs(requests) -> list:
-            return [(np.asarray(r.input_ids, dtype=np.int32),
-                     np.array([(sp.start, sp.end) for sp in r.spans], dtype=np.int64).reshape(-1, 2)) for r in requests]
-
         # 1. Every session read and rendered here, in input order: what is whose, what is finished, what to replay.
-        for item in inputs.items(opts.on_error):
-            if opts.max_sessions is not None and item.index >= opts.max_sessions:
-                break
-            per_file[item.path] += 1
-            if plan is not None and not plan.owns(session_key(item)):
-                if stateful and not isinstance(item, Skipped):
-                    try:
-                        feeds.append((item.index, ray.put(outputs(renderer.render(item).requests))))
-                    except SessionError:
-                        pass
-                continue
-            if isinstance(item, Skipped):
-                skip(item.index, item.path, item.line, item.session_id, item.message)
-                continue
-            if item.id in finished:
-                c = finished[item.id].counts
-                counts["sessions_ok"] += 1
-                for key, value in c.items():
-                    counts[key] = max(counts[key], value) if key in MAX_KEYS else counts[key] + value
-                expected.add(item.id)
-                kept.append((item.id, c["tokens_replayed"]))
-                if stateful:
-                    feeds.append((item.index, ray.put(tables.part_requests(out, finished[item.id].part, item.id))))
-                continue
-            try:
-                rendered = renderer.render(item)
-                recorded, source = session_sampler(item, fallback, server_default) if target else (None, None)
-                speculative = speculative_steps(item)
-            except SessionError as e:
-                if opts.on_error == "fail":
-                    raise
-                skip(item.index, e.path, e.line, e.session_id, str(e))
-                continue
-            task = Task(item.index, item.id, f"{item.path}:{item.line}", rendered.requests, rendered.n_tokens, recorded,
-                        source, speculative)
-            tasks.append(task)
-            if stateful:
-                feeds.append((item.index, ray.put(outputs(rendered.requests))))
-        refs = {t.index: ray.put(t) for t in tasks}
-        order = dispatch_order(tasks, stateful)
-        queue = deque(order)
-
+        survey = _survey(inputs, out, opts, model_dir, observer, fallback, roster, plan)
+        order = dispatch_order(survey.tasks, roster.stateful)
         # 2. The replicas: every one loads the model, in parallel; a replica that cannot start is the job's error.
-        self._slots = [_Slot(self._new_actor(model_dir, opts, dtype), key=i) for i in range(min(self.replicas, len(order)))]
+        self._start_replicas(model_dir, opts, dtype, len(order))
+        tally = survey.tally
+        observer.start(len(order) + len(survey.kept) + tally.counts["sessions_skipped"],
+                       tokens=sum(t.tokens for t in order) + sum(n for _, n in survey.kept))
+        for sid, tokens in survey.kept:
+            observer.session(sid, tokens, skipped=False)
+        for e in tally.errors:
+            observer.session(e["session_id"] or "?", 0, skipped=True)
+        started = time.time()
+        # 3. Feed free replicas; take each result as it comes: write it, or retry it elsewhere, or record it.
+        drafting = self._drive(order, survey, model_dir, opts, dtype, observer, writer, roster.stateful)
+        timing: dict = {}
+        for t in drafting.values():
+            for part, x in t.items():
+                total = timing.setdefault(part, {"seconds": 0.0, "anchors": 0})
+                total["seconds"] = round(total["seconds"] + x["seconds"], 3)
+                total["anchors"] += x["anchors"]
+        return {"counts": tally.counts, "errors": tally.errors, "per_file": tally.per_file,
+                "fresh_tokens": tally.fresh_tokens, "wall_s": time.time() - started, "drafting": timing,
+                "cluster": self.manifest(), "expected": (survey.expected, survey.draft_ks)}
+
+    def _start_replicas(self, model_dir: Path, opts, dtype, sessions: int) -> None:
+        import ray
+        from ray.exceptions import RayActorError
+
+        self._slots = [_Slot(self._new_actor(model_dir, opts, dtype), key=i) for i in range(min(self.replicas, sessions))]
         try:
             ray.get([s.actor.ready.remote() for s in self._slots])
         except RayActorError as e:
             raise OptionError(f"a replica could not start ({_cause(e)}); check --model and that a replica's "
                               f"{self.gpus_per_replica:g} GPU(s) hold it (docs/scale.md)") from None
-        observer.start(len(order) + len(kept) + counts["sessions_skipped"], tokens=sum(t.tokens for t in order) +
-                       sum(n for _, n in kept))
-        for sid, tokens in kept:
-            observer.session(sid, tokens, skipped=False)
-        for e in errors:
-            observer.session(e["session_id"] or "?", 0, skipped=True)
-        started, fresh_tokens = time.time(), 0
+
+    def _drive(self, order: list, survey: "Survey", model_dir: Path, opts, dtype, observer, writer,
+               stateful: bool) -> dict:
+        """Feed free replicas until every task is written, retried elsewhere or recorded as failed; the drafting
+        times of each replica (by its key)."""
+        import numpy as np
+        import ray
+        from ray.exceptions import ObjectLostError, OwnerDiedError, RayActorError
+
+        tally, feeds = survey.tally, survey.feeds
+        refs = {t.index: ray.put(t) for t in survey.tasks}
+        queue = deque(order)
         attempts: dict[int, int] = {}
         drafting: dict[int, dict] = {}
         in_flight: dict = {}  # ObjectRef -> (slot, task)
@@ -446,10 +396,10 @@ class Cluster:
         def fail_session(task: Task, message: str) -> None:
             if opts.on_error == "fail":
                 raise UserError(message)
-            skip(task.index, task.where.rsplit(":", 1)[0], int(task.where.rsplit(":", 1)[1]), task.session_id, message)
+            tally.skip(observer, task.index, task.where.rsplit(":", 1)[0], int(task.where.rsplit(":", 1)[1]),
+                       task.session_id, message, said=False)
             observer.session(task.session_id, 0, skipped=True)
 
-        # 3. Feed free replicas; take each result as it comes: write it, or retry it elsewhere, or record it.
         while queue or in_flight:
             for slot in self._slots:
                 if slot.busy or not queue:
@@ -461,18 +411,16 @@ class Cluster:
                 submit(slot, pick)
             assert in_flight, "a queued session no replica can take"
             ready, _ = ray.wait(list(in_flight), num_returns=1)
-            ref = ready[0]
-            slot, task = in_flight.pop(ref)
+            slot, task = in_flight.pop(ready[0])
             try:
-                result = ray.get(ref)
+                result = ray.get(ready[0])
             except (RayActorError, ObjectLostError, OwnerDiedError) as e:  # the replica died (or its result is lost)
                 attempts[task.index] = attempts.get(task.index, 0) + 1
                 self.replaced += 1
                 if self.replaced > self.options.max_attempts * max(self.replicas, 1) + len(order):
                     raise UserError(f"replicas keep dying ({self.replaced} replaced; the last: {_cause(e)}); check the "
                                     "nodes' memory and logs (ray logs), then continue with the same command and --resume")
-                index = self._slots.index(slot)
-                self._slots[index] = _Slot(self._new_actor(model_dir, opts, dtype), key=next_key)
+                self._slots[self._slots.index(slot)] = _Slot(self._new_actor(model_dir, opts, dtype), key=next_key)
                 next_key += 1
                 if attempts[task.index] >= self.options.max_attempts:
                     fail_session(task, f"{task.where}: session {task.session_id}: the replica replaying it died "
@@ -488,22 +436,90 @@ class Cluster:
                 fail_session(task, result["error"])
                 continue
             writer.add(task.index, result["positions"], result["requests"])  # parts.py groups and writes them
-            expected.add(task.session_id)
+            survey.expected.add(task.session_id)
             drafting[slot.key] = result["drafting"]
-            c = result["counts"]
-            counts["sessions_ok"] += 1
-            for key, value in c.items():
-                counts[key] = max(counts[key], value) if key in MAX_KEYS else counts[key] + value
-            fresh_tokens += c["tokens_replayed"]
-            observer.replayed(task.session_id, c["tokens_replayed"], c["requests"])
-        timing: dict = {}
-        for t in drafting.values():
-            for part, x in t.items():
-                total = timing.setdefault(part, {"seconds": 0.0, "anchors": 0})
-                total["seconds"] = round(total["seconds"] + x["seconds"], 3)
-                total["anchors"] += x["anchors"]
-        return {"counts": counts, "errors": errors, "per_file": per_file, "fresh_tokens": fresh_tokens,
-                "wall_s": time.time() - started, "drafting": timing, "cluster": self.manifest(), "expected": (expected, draft_ks)}
+            tally.add(result["counts"])
+            tally.fresh_tokens += result["counts"]["tokens_replayed"]
+            observer.replayed(task.session_id, result["counts"]["tokens_replayed"], result["counts"]["requests"])
+        return drafting
+
+
+@dataclass
+class Survey:
+    """What the driver knows before any replica starts: the tasks, the outputs a stateful drafter is fed, a resumed
+    run's finished sessions, the counts so far."""
+
+    tasks: list  # [Task] to replay, in input order
+    feeds: list  # [(input index, object ref of its outputs)], every renderable session, for a stateful drafter
+    kept: list  # [(id, tokens)] of a resumed run's finished sessions
+    expected: set  # the sessions the run directory must hold at the end
+    tally: object  # manifest.Tally
+    draft_ks: object  # options.written_draft_ks: the rows a part holds
+
+
+def _survey(inputs, out: Path, opts, model_dir: Path, observer, fallback, roster, plan) -> Survey:
+    import numpy as np
+    import ray
+
+    from ..model.checkpoint import read_checkpoint
+    from ..model.target import VLLM_DEFAULTS, generation_config_profile
+    from ..sessions.reading import SessionError, Skipped, input_name, speculative_steps
+    from ..sessions.rendering import Renderer
+    from . import parts, tables
+    from .manifest import COUNT_KEYS, MAX_KEYS, Tally
+    from .options import head_variants, session_sampler, written_draft_ks
+    from .shards import session_key
+
+    target, stateful = roster.needs_model, roster.stateful
+    variants = head_variants(opts, read_checkpoint(model_dir) if target else None)  # what the replicas replay too
+    renderer = Renderer.from_model_dir(model_dir, vocab_size=_vocab(model_dir) if target else None,
+                                       overrides=opts.template)
+    server_default = (generation_config_profile(model_dir) or VLLM_DEFAULTS) if target else None
+    draft_ks = written_draft_ks(opts, roster, variants)  # the rows a part holds, as a process's replay checks them
+    finished = parts.finished_sessions(out, opts.k, draft_ks,
+                                       on_damaged=lambda path, why:
+                                       observer.note(f"{path}: {why}; recomputing its sessions"))
+    tally = Tally(dict.fromkeys(COUNT_KEYS + MAX_KEYS, 0), [], {input_name(f): 0 for f in inputs.files})
+    survey = Survey([], [], [], set(), tally, draft_ks)
+
+    def outputs(requests) -> list:
+        return [(np.asarray(r.input_ids, dtype=np.int32),
+                 np.array([(sp.start, sp.end) for sp in r.spans], dtype=np.int64).reshape(-1, 2)) for r in requests]
+
+    for item in inputs.items(opts.on_error):
+        tally.per_file[item.path] += 1
+        if plan is not None and not plan.owns(session_key(item)):
+            if stateful and not isinstance(item, Skipped):
+                try:
+                    survey.feeds.append((item.index, ray.put(outputs(renderer.render(item).requests))))
+                except SessionError:
+                    pass
+            continue
+        if isinstance(item, Skipped):
+            tally.skip(observer, item.index, item.path, item.line, item.session_id, item.message, said=False)
+            continue
+        if item.id in finished:
+            c = finished[item.id].counts
+            tally.add(c)
+            survey.expected.add(item.id)
+            survey.kept.append((item.id, c["tokens_replayed"]))
+            if stateful:
+                survey.feeds.append((item.index, ray.put(tables.part_requests(out, finished[item.id].part, item.id))))
+            continue
+        try:
+            rendered = renderer.render(item)
+            recorded, source = session_sampler(item, fallback, server_default) if target else (None, None)
+            speculative = speculative_steps(item)
+        except SessionError as e:
+            if opts.on_error == "fail":
+                raise
+            tally.skip(observer, item.index, e.path, e.line, e.session_id, str(e), said=False)
+            continue
+        survey.tasks.append(Task(item.index, item.id, f"{item.path}:{item.line}", rendered.requests, rendered.n_tokens,
+                                 recorded, source, speculative))
+        if stateful:
+            survey.feeds.append((item.index, ray.put(outputs(rendered.requests))))
+    return survey
 
 
 def dispatch_order(tasks: list[Task], stateful: bool) -> list[Task]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError, InputError, OptionError
 from ..model.target import SamplingProfile
-from ..sessions.reading import MAX_SPECULATIVE_K
+from ..sessions.reading import MAX_SPECULATIVE_K, Skipped
 from .decoding import (
     WINDOW_BATCHES,
     Completion,
@@ -368,7 +368,6 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
     """
     from ..model.loading import load_model, resolve_device, resolve_dtype
     from ..sessions.inputs import Inputs
-    from ..sessions.reading import SessionError, Skipped
     from ..sessions.rendering import Renderer
     from .shards import plan_shard, session_key
 
@@ -420,59 +419,10 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
             observer.estimate(_estimate(model, settings, opts, shapes))
         observer.start(sum(len(turns) for turns in shapes))
 
-        counts = {"sessions": 0, "turns": 0, "tokens": 0, "prompt_tokens": 0, "dropped": 0}
-        skipped: list = []
-
-        def skip(item, message):
-            skipped.append(item if isinstance(item, Skipped) else Skipped(item.path, item.line, item.id, message, item.index))
-            observer.warn(message)
-
-        def flush(pending: _Pending) -> None:
-            prompts = [p for _, ps in pending.sessions for p in ps]
-            completions = _complete(model, prompts, settings, opts.batch_size, observer)
-            i = 0
-            for session, ps in pending.sessions:
-                record, dropped = output_record(session, ps, completions[i : i + len(ps)], identity, sampling)
-                i += len(ps)
-                counts["dropped"] += len(dropped)
-                if record is None:
-                    skip(session, f"{session.path}:{session.line}: session {session.id}: every turn's completion is a "
-                                  "single token (the end-of-turn token alone), so nothing is left to score; it is left out")
-                    continue
-                out.write(record)
-                counts["sessions"] += 1
-            counts["turns"] += len(prompts)
-            counts["tokens"] += sum(len(c.tokens) for c in completions)
-            counts["prompt_tokens"] += sum(len(p.prompt) for p in prompts)
-
         # 3. Sessions in, records out.
-        pending = _Pending()
-        window = opts.batch_size * WINDOW_BATCHES if opts.speculative is None else 1
-        for item in inputs.items(opts.on_error):
-            if opts.max_sessions is not None and item.index >= opts.max_sessions:
-                break
-            if not owns(item):
-                continue
-            if isinstance(item, Skipped):
-                skip(item, item.message)
-                continue
-            if item.id in out.done:
-                continue
-            try:
-                prompts = turn_prompts(inputs.rendered(item, renderer))
-                inputs.release(item)
-            except SessionError as e:
-                if opts.on_error == "fail":
-                    raise
-                skip(Skipped(e.path, e.line, e.session_id, str(e), item.index), str(e))
-                continue
-            pending.sessions.append((item, prompts))
-            pending.turns += len(prompts)
-            if pending.turns >= window:
-                flush(pending)
-                pending = _Pending()
-        if pending.sessions:
-            flush(pending)
+        writer = _Writing(model, settings, opts, observer, out, identity, sampling)
+        writer.run(inputs, renderer, owns)
+        counts, skipped = writer.counts, writer.skipped
         if counts["sessions"] == 0 and not out.done:
             raise InputError(f"no session was generated ({len(skipped)} skipped: {skipped[0].message if skipped else 'none'}); "
                              "fix the inputs, or pass others")
@@ -489,6 +439,79 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
     return Summary(output=output, profile=profile, sessions=counts["sessions"], kept=len(out.done), turns=counts["turns"],
                    tokens=counts["tokens"], prompt_tokens=counts["prompt_tokens"], dropped=counts["dropped"],
                    skipped=tuple(skipped), wall_s=time.time() - started)
+
+
+@dataclass
+class _Writing:
+    """Step 3 of generate: sessions read until WINDOW_BATCHES batches of turns are pending, completed in batches,
+    written in input order; what it counted and skipped."""
+
+    model: object
+    settings: Settings
+    opts: GenerateOptions
+    observer: Observer
+    out: Output
+    identity: dict
+    sampling: dict
+    counts: dict = field(default_factory=lambda: {"sessions": 0, "turns": 0, "tokens": 0, "prompt_tokens": 0,
+                                                  "dropped": 0})
+    skipped: list = field(default_factory=list)
+
+    def skip(self, item, message: str) -> None:
+        self.skipped.append(item if isinstance(item, Skipped) else
+                            Skipped(item.path, item.line, item.id, message, item.index))
+        self.observer.warn(message)
+
+    def run(self, inputs, renderer, owns) -> None:
+        from ..sessions.reading import SessionError
+
+        opts = self.opts
+        pending = _Pending()
+        window = opts.batch_size * WINDOW_BATCHES if opts.speculative is None else 1
+        for item in inputs.items(opts.on_error):
+            if opts.max_sessions is not None and item.index >= opts.max_sessions:
+                break
+            if not owns(item):
+                continue
+            if isinstance(item, Skipped):
+                self.skip(item, item.message)
+                continue
+            if item.id in self.out.done:
+                continue
+            try:
+                prompts = turn_prompts(inputs.rendered(item, renderer))
+                inputs.release(item)
+            except SessionError as e:
+                if opts.on_error == "fail":
+                    raise
+                self.skip(Skipped(e.path, e.line, e.session_id, str(e), item.index), str(e))
+                continue
+            pending.sessions.append((item, prompts))
+            pending.turns += len(prompts)
+            if pending.turns >= window:
+                self.flush(pending)
+                pending = _Pending()
+        if pending.sessions:
+            self.flush(pending)
+
+    def flush(self, pending: _Pending) -> None:
+        counts = self.counts
+        prompts = [p for _, ps in pending.sessions for p in ps]
+        completions = _complete(self.model, prompts, self.settings, self.opts.batch_size, self.observer)
+        i = 0
+        for session, ps in pending.sessions:
+            record, dropped = output_record(session, ps, completions[i : i + len(ps)], self.identity, self.sampling)
+            i += len(ps)
+            counts["dropped"] += len(dropped)
+            if record is None:
+                self.skip(session, f"{session.path}:{session.line}: session {session.id}: every turn's completion is a "
+                                   "single token (the end-of-turn token alone), so nothing is left to score; it is left out")
+                continue
+            self.out.write(record)
+            counts["sessions"] += 1
+        counts["turns"] += len(prompts)
+        counts["tokens"] += sum(len(c.tokens) for c in completions)
+        counts["prompt_tokens"] += sum(len(p.prompt) for p in prompts)
 
 
 def _survey(inputs, renderer, max_sessions: int | None, done, owns=lambda item: True) -> tuple[list, set]:

@@ -17,6 +17,7 @@ at import (merge.py compares identities without it).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RunDirectoryError
@@ -348,6 +349,29 @@ def head_precision_costs(info, precisions, inventory, served: str) -> dict | Non
 
 COUNT_KEYS = ("sessions_ok", "sessions_skipped", "requests", "tokens_replayed", "scored_tokens", "anchors", "rows")
 MAX_KEYS = ("max_request_tokens",)  # counts merged by their maximum, not their sum
+
+
+@dataclass
+class Tally:
+    """What a rank's replay counted (run.json counts, errors, sessions per file)."""
+
+    counts: dict
+    errors: list
+    per_file: dict
+    fresh_tokens: int = 0
+
+    def skip(self, observer, index, path, line, session_id, message, said: bool = True) -> None:
+        """A session skipped (run.json errors); said: the observer hears it ended now (a Ray job says it later)."""
+        self.errors.append({"index": index, "path": path, "line": line, "session_id": session_id, "message": message})
+        self.counts["sessions_skipped"] += 1
+        observer.warn(message)
+        if said:
+            observer.session(session_id or "?", 0, skipped=True)
+
+    def add(self, c: dict) -> None:
+        self.counts["sessions_ok"] += 1
+        for key, value in c.items():
+            self.counts[key] = max(self.counts[key], value) if key in MAX_KEYS else self.counts[key] + value
 
 
 def finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> None:

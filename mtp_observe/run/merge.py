@@ -123,17 +123,29 @@ def sessions_of(run_dir: Path, manifest: dict, draft_ks="manifest", damaged: lis
 
 def merge_runs(shards, out: Path, allow_partial: bool = False, overwrite: bool = False) -> MergeSummary:
     """Check the shard runs (module doc) and join them into `out`."""
-    from . import tables
-    from .manifest import COUNT_KEYS, MAX_KEYS, now, recorded_identity, resume_difference
-
     started = time.time()
     paths = [Path(s) for s in shards]
     if not paths:
         raise RunDirectoryError("merge: no SHARD given; pass the run directories of every shard (e.g. reports/shard-*)")
     out = Path(out)
+    runs = _one_job(paths, out)  # 1. every SHARD a shard run, read back; 2. one job
+    count = int(runs[0][1]["shard"]["count"])
+    by_index, absent = _every_shard(runs, count, allow_partial)  # 3. shards given twice, missing, unfinished
+    held = _held_sessions(by_index, count, allow_partial)  # 4. every part whole, counts as recorded; 5. sessions once
+    merged, linked, copied = _write(out, runs[0][1], by_index, count, absent, held, overwrite)
+    return MergeSummary(out=out, shards=len(by_index), count=count, sessions=merged["counts"]["sessions_ok"],
+                        skipped=merged["counts"]["sessions_skipped"], linked=linked, copied=copied,
+                        status=merged["status"], missing=merged["merged"]["missing"], seconds=time.time() - started,
+                        left_out=tuple(held.left_out))
 
-    # 1. Every SHARD a shard run, read back; 2. one job.
-    runs = []  # (path, manifest)
+
+def _one_job(paths: list[Path], out: Path) -> list[tuple[Path, dict]]:
+    """(path, run.json) of every SHARD: each a shard run no replay is writing, none overlapping --out, all of one job
+    (the run identity --resume compares: manifest.resume_difference)."""
+    from . import tables
+    from .manifest import recorded_identity, resume_difference
+
+    runs = []
     for path in paths:
         manifest = tables.read_manifest(path)
         if not isinstance(manifest.get("shard"), dict):
@@ -153,9 +165,12 @@ def merge_runs(shards, out: Path, allow_partial: bool = False, overwrite: bool =
             different = different.replace("in the run", f"in {path}").replace(" here", f" in {first_path}")
             raise RunDirectoryError(f"{path}: not a shard of the same job as {first_path}: {different}; merge the shards "
                                     "of one job (one command run with each --shard I/N)")
-    count = int(first["shard"]["count"])
+    return runs
 
-    # 3. Shards given twice, missing, unfinished.
+
+def _every_shard(runs, count: int, allow_partial: bool) -> tuple[dict, list[int]]:
+    """({index: (path, run.json)}, the absent indices): each shard once, all of them and complete (--allow-partial
+    merges what there is)."""
     by_index: dict[int, tuple[Path, dict]] = {}
     for path, manifest in runs:
         i = int(manifest["shard"]["index"])
@@ -172,24 +187,33 @@ def merge_runs(shards, out: Path, allow_partial: bool = False, overwrite: bool =
         if manifest.get("status") != "complete" and not allow_partial:
             raise RunDirectoryError(f"{path}: shard {i}/{count} is not complete (status {manifest.get('status')!r}); finish "
                                     f"it with the same command and --resume, or merge with --allow-partial")
+    return by_index, absent
 
-    # 4. Every part whole, counts as recorded; 5. every session once, none missing.
+
+@dataclass
+class Held:
+    """The sessions the shards' parts hold, and what is missing."""
+
+    per_shard: dict  # shard index -> {session id: (part, counts)}
+    missing: list  # session ids a shard lists but lost
+    unknown: list  # shard indices that lost a part and do not list their sessions
+    left_out: list  # (part, why): damaged parts --allow-partial leaves out
+
+
+def _held_sessions(by_index: dict, count: int, allow_partial: bool) -> Held:
     held: dict[str, int] = {}  # session id -> shard
-    per_shard: dict[int, dict] = {}
-    missing_sessions: list[str] = []
-    unknown: list[int] = []
-    left_out: list = []  # (part, why): damaged parts --allow-partial leaves out (their sessions are then missing)
+    out = Held({}, [], [], [])
     for i, (path, manifest) in sorted(by_index.items()):
         damaged: list | None = [] if allow_partial else None
         sessions = sessions_of(path, manifest, damaged=damaged)
-        left_out += damaged or []
+        out.left_out += damaged or []
         for sid in sessions:
             if sid in held:
                 raise RunDirectoryError(f"session {sid} is in shard {held[sid]}/{count} ({by_index[held[sid]][0]}) and in "
                                         f"shard {i}/{count} ({path}); the shards do not come from one assignment: replay "
                                         "them again with one command")
             held[sid] = i
-        per_shard[i] = sessions
+        out.per_shard[i] = sessions
         skipped = {e.get("session_id") if e.get("session_id") is not None else f"{e.get('path')}:{e.get('line')}"
                    for e in manifest.get("errors") or []}
         lost = [sid for sid in manifest["shard"].get("session_ids") or [] if sid not in sessions and sid not in skipped]
@@ -201,22 +225,28 @@ def merge_runs(shards, out: Path, allow_partial: bool = False, overwrite: bool =
                                     f"errors ({len(lost)} missing); the run changed after it was written: resume it "
                                     f"(mtp-observe replay ... --out {path} --resume) to recompute them, or "
                                     "--allow-partial")
-        missing_sessions += lost
+        out.missing += lost
         if damaged and not manifest["shard"].get("session_ids"):
-            unknown.append(i)  # it lost a part, and it does not list its sessions: which are missing is not known
+            out.unknown.append(i)  # it lost a part, and it does not list its sessions: which are missing is not known
+    return out
 
-    # Write: the running manifest, the parts linked, the final manifest.
+
+def _write(out: Path, first: dict, by_index: dict, count: int, absent: list, held: Held, overwrite: bool):
+    """The running manifest, the parts linked (or copied), the final manifest; (merged run.json, linked, copied)."""
+    from . import tables
+    from .manifest import COUNT_KEYS, MAX_KEYS, now
+
     lock = tables.RunLock(out).acquire()
     try:
         tables.prepare_run_directory(out, resume=False, overwrite=overwrite,
                                      fix="pass --overwrite to replace it with the merged run, or another -o")
-        merged = _merged_manifest(first, by_index, count, per_shard, absent, missing_sessions, now, COUNT_KEYS, MAX_KEYS,
-                                  unknown)
+        merged = _merged_manifest(first, by_index, count, held.per_shard, absent, held.missing, now, COUNT_KEYS,
+                                  MAX_KEYS, held.unknown)
         tables.write_json_atomic(out / tables.MANIFEST, {**merged, "status": "running", "finished": None},
                                  hint="free space, then merge again with --overwrite")
         linked = copied = 0
         for i, (path, _) in sorted(by_index.items()):
-            for name in sorted({part for part, _ in per_shard[i].values()}):
+            for name in sorted({part for part, _ in held.per_shard[i].values()}):
                 for table in (tables.POSITIONS, tables.REQUESTS):
                     if _link_or_copy(path / table / name, out / table / name):
                         linked += 1
@@ -227,10 +257,7 @@ def merge_runs(shards, out: Path, allow_partial: bool = False, overwrite: bool =
         tables.write_json_atomic(out / tables.MANIFEST, merged, hint="free space, then merge again with --overwrite")
     finally:
         lock.release()
-    return MergeSummary(out=out, shards=len(by_index), count=count, sessions=merged["counts"]["sessions_ok"],
-                        skipped=merged["counts"]["sessions_skipped"], linked=linked, copied=copied,
-                        status=merged["status"], missing=merged["merged"]["missing"], seconds=time.time() - started,
-                        left_out=tuple(left_out))
+    return merged, linked, copied
 
 
 def _check_counts(path: Path, manifest: dict, sessions: dict) -> None:

@@ -45,7 +45,7 @@ from ..model.checkpoint import read_checkpoint
 from ..model.loading import LoadedModel, load_model, resolve_device, resolve_dtype
 from ..model.target import RECORDED
 from ..sessions.inputs import Inputs
-from .manifest import COUNT_KEYS, MAX_KEYS, finish_manifest, identity, start_manifest
+from .manifest import COUNT_KEYS, MAX_KEYS, Tally, finish_manifest, identity, start_manifest
 from .options import (
     Observer,
     ReplayOptions,
@@ -322,27 +322,6 @@ def _replay_sessions(inputs: Inputs, out: Path, opts: ReplayOptions, model: Load
         raise
     writer.flush()
     return result
-
-
-@dataclass
-class Tally:
-    """What a rank's replay counted (run.json counts, errors, sessions per file)."""
-
-    counts: dict
-    errors: list
-    per_file: dict
-    fresh_tokens: int = 0
-
-    def skip(self, observer: Observer, index, path, line, session_id, message) -> None:
-        self.errors.append({"index": index, "path": path, "line": line, "session_id": session_id, "message": message})
-        self.counts["sessions_skipped"] += 1
-        observer.warn(message)
-        observer.session(session_id or "?", 0, skipped=True)
-
-    def add(self, c: dict) -> None:
-        self.counts["sessions_ok"] += 1
-        for key, value in c.items():
-            self.counts[key] = max(self.counts[key], value) if key in MAX_KEYS else self.counts[key] + value
 
 
 def _finished_parts(out: Path, opts: ReplayOptions, roster, variants, ranks, observer):

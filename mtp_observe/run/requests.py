@@ -88,9 +88,7 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
         carry = None
     if keep_at is not None and not (keep_at >= 2 and keep_at >= (carry.length if carry else 0)):
         keep_at = None
-    segments = torch.full((n,), -1, dtype=torch.int8)
-    for sp in request.spans:
-        segments[sp.start : sp.end + 1] = torch.frombuffer(bytearray(sp.segments), dtype=torch.int8)
+    segments = segment_codes(request, n)
     plan = anchor_plan(request.spans, k_max)
     index = row_index(plan, k_max)
     if recorder is not None:  # routing.RouterRecorder: the MoE routers' picks during this prefill
@@ -128,13 +126,7 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     extra_tokens = [d.tokens.cpu()[a, k - 1] for d in other.values()]
     served_reduce, whatif_reductions = reduce_with(reduce, index.target_position, ids[index.actual_position], extra_tokens)
     if drafters is not None:
-        # the roster takes the head's drafts as [A, Kmax]: a request whose every span is shorter than Kmax + 1 has a
-        # chain of fewer columns (chain's K is the deepest anchor's), padded here with no-draft (-1) / NaN
-        head_tokens, head_logprobs = drafts.tokens.cpu(), drafts.logprobs.cpu()
-        short = k_max - head_tokens.shape[1]
-        if short > 0:
-            head_tokens = torch.nn.functional.pad(head_tokens, (0, short), value=-1)
-            head_logprobs = torch.nn.functional.pad(head_logprobs, (0, short), value=float("nan"))
+        head_tokens, head_logprobs = _head_drafts(drafts, k_max)
         groups = drafters.draft(ids.numpy(), request.spans, keep=keep, mtp=head_tokens.numpy())
         columns, reductions = drafter_columns(ids, segments, request.spans, groups, head_logprobs, served_reduce,
                                               extra=blocks, first_code=len(groups))  # 3, 4
@@ -145,11 +137,35 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     if whatifs is not None:
         columns = with_whatif_rows(columns, whatifs, drafts, other, whatif_reductions(), ids, segments, plan, index, k_max,
                                     drafters)
+    return columns, _fit(reductions), following
+
+
+def segment_codes(request, n: int):
+    """[n] int8: each scored token's segment code (rendering.SEGMENTS), -1 elsewhere."""
+    segments = torch.full((n,), -1, dtype=torch.int8)
+    for sp in request.spans:
+        segments[sp.start : sp.end + 1] = torch.frombuffer(bytearray(sp.segments), dtype=torch.int8)
+    return segments
+
+
+def _head_drafts(drafts, k_max: int):
+    """The head's drafts as the roster takes them, [A, Kmax]: a request whose every span is shorter than Kmax + 1 has
+    a chain of fewer columns (chain's K is the deepest anchor's), padded here with no-draft (-1) / NaN."""
+    head_tokens, head_logprobs = drafts.tokens.cpu(), drafts.logprobs.cpu()
+    short = k_max - head_tokens.shape[1]
+    if short > 0:
+        head_tokens = torch.nn.functional.pad(head_tokens, (0, short), value=-1)
+        head_logprobs = torch.nn.functional.pad(head_logprobs, (0, short), value=float("nan"))
+    return head_tokens, head_logprobs
+
+
+def _fit(reductions) -> dict:
+    """{"tokens": [N], "<stat>_<profile>": [N]} numpy: the recording-sampler sums of a request's N spans."""
     fit = {"tokens": reductions.fit_tokens.cpu().numpy()}
     for name, sums in reductions.fit.items():
         for stat in ("support", "q", "q2", "var", "ll"):
             fit[f"{stat}_{name}"] = getattr(sums, stat).cpu().numpy()
-    return columns, fit, following
+    return fit
 
 
 def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, head_logprobs: torch.Tensor | None,
@@ -239,9 +255,7 @@ def model_free_request(request, k_max: int, drafters, keep: int | None = None) -
     import numpy as np
 
     ids = torch.tensor(request.input_ids, dtype=torch.long)
-    segments = torch.full((ids.shape[0],), -1, dtype=torch.int8)
-    for sp in request.spans:
-        segments[sp.start : sp.end + 1] = torch.frombuffer(bytearray(sp.segments), dtype=torch.int8)
+    segments = segment_codes(request, ids.shape[0])
     groups = drafters.draft(ids.numpy(), request.spans, keep=keep)
     columns, _ = drafter_columns(ids, segments, request.spans, groups, None, None)
     fit = {"tokens": np.array([sp.end - max(sp.start, 1) + 1 for sp in request.spans], dtype=np.int64)}
