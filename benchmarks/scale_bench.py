@@ -64,13 +64,13 @@ def manifest(run: Path) -> dict:
     return json.loads((run / "run.json").read_text())
 
 
-def shards_benchmark(work: Path, files: list[Path], shards: int, k: int) -> dict:
+def shards_benchmark(work: Path, files: list[Path], shards: int, k: int, drafters: str = "ngram,suffix") -> dict:
     model = work / "tokenizer-only"
     model.mkdir()
     for name in TOKENIZER_FILES:
         if (ROOT / "mtp_observe" / "default_model" / name).is_file():
             shutil.copy(ROOT / "mtp_observe" / "default_model" / name, model / name)
-    base = MTP + ["replay", *map(str, files), "--model", str(model), "--drafters", "ngram,suffix", "--k", str(k)]
+    base = MTP + ["replay", *map(str, files), "--model", str(model), "--drafters", drafters, "--k", str(k)]
     one_wall, one_cpu, _ = timed(base + ["--out", str(work / "one")])
     walls, cpus = [], []
     for i in range(shards):
@@ -82,9 +82,9 @@ def shards_benchmark(work: Path, files: list[Path], shards: int, k: int) -> dict
     one, merged = work / "one", work / "merged"
     equal = {"tables": same_tables(one, merged), "counts": manifest(one)["counts"] == manifest(merged)["counts"],
              "errors": manifest(one)["errors"] == manifest(merged)["errors"],
-             "report_json": all(report(one, d) == report(merged, d) for d in ("ngram", "suffix"))}
+             "report_json": all(report(one, d) == report(merged, d) for d in drafters.split(","))}
     counts = manifest(one)["counts"]
-    return {"sessions": counts["sessions_ok"], "skipped": counts["sessions_skipped"], "tokens": counts["tokens_replayed"],
+    return {"drafters": drafters, "sessions": counts["sessions_ok"], "skipped": counts["sessions_skipped"], "tokens": counts["tokens_replayed"],
             "rows": counts["rows"], "shards": shards, "one_wall_s": one_wall, "one_cpu_s": one_cpu,
             "shard_wall_s": walls, "shard_cpu_s": cpus, "shards_cpu_s": sum(cpus), "slowest_shard_wall_s": max(walls),
             "shard_sessions": [manifest(work / f"shard-{i}")["counts"]["sessions_ok"] for i in range(shards)],
@@ -119,6 +119,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--input", nargs="*", type=Path, help="canonical session files (default: import the public corpus)")
+    ap.add_argument("--drafters", default="ngram,suffix", help="the model-free drafters replayed (suffix decoding's "
+                    "global tree makes every shard render every session once; ngram alone renders only the shard's)")
     ap.add_argument("--skip-shards", action="store_true")
     ap.add_argument("--skip-ray", action="store_true")
     ap.add_argument("--json", type=Path)
@@ -128,7 +130,7 @@ def main() -> None:
         work = Path(tmp)
         if not args.skip_shards:
             files, left_out = (list(args.input), []) if args.input else import_corpus(work)
-            s = result["shards"] = shards_benchmark(work, files, args.shards, args.k) | {"left_out": left_out}
+            s = result["shards"] = shards_benchmark(work, files, args.shards, args.k, args.drafters) | {"left_out": left_out}
             print(f"shards: {s['sessions']} sessions ({s['skipped']} skipped), {s['tokens']:,} tokens, {s['rows']:,} rows, "
                   f"K = {args.k}; equal: {s['equal']}")
             print(f"  one run      {s['one_wall_s']:7.1f} s wall  {s['one_cpu_s']:7.1f} s CPU")
