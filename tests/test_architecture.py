@@ -129,3 +129,30 @@ def test_an_import_of_a_module_the_package_does_not_have_is_named(graph, tmp_pat
     pkg = write_package(tmp_path, {"report/run.py": "def f():\n    from ..precisions import PRECISIONS\n"})
     assert graph.read_house(pkg).problems() == ["unresolved: report.run imports pkg.precisions, which is no module of "
                                                 "the package"]
+
+
+def test_the_library_pages_example_and_table_name_what_exists():
+    """docs/library.md: its example's imports and the functions its stage table names are the package's (the example
+    itself was run by hand: it replays the demo, about 50 s here)."""
+    import ast
+    import importlib
+    import re
+
+    page = (ROOT / "docs" / "library.md").read_text()
+    [example] = re.findall(r"```python\n(.*?)```", page, re.S)
+    for node in ast.walk(ast.parse(example)):
+        if isinstance(node, ast.ImportFrom) and node.module.startswith("mtp_observe"):
+            module = importlib.import_module(node.module)
+            assert all(hasattr(module, a.name) for a in node.names), node.module
+    stages = {}
+    for row in re.findall(r"^\| `(mtp_observe\.\w+)` \|[^|]*\| (.*) \|$", page, re.M):
+        stages[row[0]] = re.findall(r"`(\w+)`", row[1])
+    assert len(stages) == 8
+    for stage, names in stages.items():
+        package = ROOT / stage.replace(".", "/")
+        defined = set()
+        for path in package.rglob("*.py"):
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                    defined.add(node.name)
+        assert set(names) <= defined, (stage, set(names) - defined)
