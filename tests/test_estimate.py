@@ -76,11 +76,11 @@ def test_the_generate_estimate_counts_the_prompts_padding_forwards_and_pairs_gen
                                                                                                 monkeypatch):
     """With every turn running to --max-new-tokens (no end-of-turn token drawn), the estimate's longer case is what
     generate computes: the padded prefill and the decode rows through the target, and their attention pairs."""
-    import mtp_observe.run.generation as generation
+    import mtp_observe.run.decoding as decoding
     from mtp_observe.run.estimate import full_attention_layers
     from mtp_observe.run.generation import GenerateOptions, generate, generate_estimate
 
-    monkeypatch.setattr(generation, "draw", lambda dist, uniforms: torch.full((uniforms.shape[0],), 7, dtype=torch.long))
+    monkeypatch.setattr(decoding, "draw", lambda dist, uniforms: torch.full((uniforms.shape[0],), 7, dtype=torch.long))
     sessions = _write(tmp_path / "s.jsonl", SESSIONS)
     opts = GenerateOptions(sampling="greedy", max_new_tokens=5, device="cpu", batch_size=2, chunk_size=128)
     estimate = generate_estimate([sessions], tiny_checkpoint, opts)
@@ -88,13 +88,13 @@ def test_the_generate_estimate_counts_the_prompts_padding_forwards_and_pairs_gen
 
     monkeypatch.setattr(estimate_module, "calibrate_generate", lambda *args: estimate.rates)  # count the run alone
     forwarded = [0]
-    real_forward = generation._forward
+    real_forward = decoding._forward
 
     def counted(model, input_ids, cache, *args, **kwargs):
         forwarded[0] += input_ids.numel()
         return real_forward(model, input_ids, cache, *args, **kwargs)
 
-    monkeypatch.setattr(generation, "_forward", counted)
+    monkeypatch.setattr(decoding, "_forward", counted)
     pairs = PairCounter(monkeypatch)
     summary = generate([sessions], tiny_checkpoint, tmp_path / "own.jsonl", opts)
     w = estimate.work
@@ -315,9 +315,9 @@ def test_sessions_shows_the_work_and_time_of_a_replay_and_a_generate(tiny_checkp
 SLOW = """
 import sys, time
 import mtp_observe.run.estimate as estimate
-import mtp_observe.run.generation as generation
+import mtp_observe.run.decoding as decoding
 
-real = generation._forward
+real = decoding._forward
 # the calibration is not under test here: fixed rates, so that only the run's own chunks are slow
 estimate.calibrate_generate = lambda model, settings, batch: estimate.Rates("cpu", 1, 1e-3, 0.0, 1, 1, step_s=0.01)
 
@@ -326,7 +326,7 @@ def slow(model, input_ids, cache, *args, **kwargs):
         time.sleep(float(sys.argv[1]))
     return real(model, input_ids, cache, *args, **kwargs)
 
-generation._forward = slow
+decoding._forward = slow
 from mtp_observe.cli import main
 main(sys.argv[2:])
 """

@@ -53,7 +53,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import CheckpointError, OptionError
-from ..jsonfiles import reason
+
+
+def _template_reason(e: BaseException) -> str:
+    """The first line of an exception's message (a template's raise_exception may carry none), or its type."""
+    lines = str(e).strip().splitlines()
+    return lines[0][:200] if lines else f"{type(e).__name__} with no message"
 from .reading import Session, SessionError, Skipped, read_sessions
 
 SEGMENTS = ("reasoning", "text", "tool_call", "end")  # codes 0..3, the order tables.SEGMENTS uses
@@ -298,7 +303,7 @@ class Renderer:
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
         except Exception as e:  # transformers raises many kinds here; the user's fix is the same
-            raise CheckpointError(f"{path}: cannot load its tokenizer ({reason(e)}); the checkpoint needs tokenizer.json and tokenizer_config.json")
+            raise CheckpointError(f"{path}: cannot load its tokenizer ({_template_reason(e)}); the checkpoint needs tokenizer.json and tokenizer_config.json")
         finally:
             hf_logging.set_verbosity(verbosity)
         if not getattr(tokenizer, "is_fast", False):
@@ -408,7 +413,7 @@ class Renderer:
                 prompt = self._template(messages[:i], tools, True)
                 full = self._template(messages[: i + 1], tools, False)
             except Exception as e:  # a template's raise_exception, or a jinja error
-                raise self._error(session, f"the chat template cannot render assistant message {i} ({reason(e)}); fix the session or the template")
+                raise self._error(session, f"the chat template cannot render assistant message {i} ({_template_reason(e)}); fix the session or the template")
             if not full.startswith(prompt):
                 raise self._error(session, f"the chat template does not render assistant message {i} as an extension of its generation prompt; use a template whose generation prompt prefixes the rendered turn")
             # 1. Same request if the prompt extends the request's text and tokens.
@@ -450,7 +455,7 @@ class Renderer:
                 without = self._template(list(messages[:i]) + [bare], tools, False)
             except Exception as err:  # a template that raises only for a message without tool calls
                 raise self._error(session, f"the chat template cannot render assistant message {i} without its tool calls "
-                                           f"({reason(err)}); use a template that renders plain turns")
+                                           f"({_template_reason(err)}); use a template that renders plain turns")
             tool_start = min(_common_prefix_length(full, without), end_char)
         content = (message.get("content") or "").strip()
         region = full[len(prompt):tool_start]
