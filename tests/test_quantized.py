@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mtp_observe.cost.inventory import inventory_json, take_inventory
-from mtp_observe.model import checkpoint
+from mtp_observe.model import weights
 from mtp_observe.model.checkpoint import read_checkpoint
 from mtp_observe.model.loading import load_model
 from mtp_observe.model.synthetic import quantize_fp8_blockwise, write_dequantised_copy, write_fp8_copy
@@ -136,7 +136,7 @@ def test_casting_fp8_codes_to_weights_fails_that_equality(fp8_copies, tmp_path, 
     """Today's failure mode (before block-FP8 was read): codes cast to weights, block scales dropped."""
     src, fp8, dequantised = fp8_copies("qwen3_5_moe", torch.float32)
     float_rows, _ = replay_rows(dequantised, tmp_path / "float" / "run")
-    monkeypatch.setattr(checkpoint, "dequantize_blockwise", lambda q, scale, block: q.float())
+    monkeypatch.setattr(weights, "dequantize_blockwise", lambda q, scale, block: q.float())
     rows, _ = replay_rows(fp8, tmp_path / "cast" / "run")
     with pytest.raises(AssertionError):
         assert_same_rows(rows, float_rows)
