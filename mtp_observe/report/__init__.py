@@ -28,7 +28,7 @@ ones (the CLI, engines, presentation and the tests import them from here).
 """
 
 from ..cost.speedup import PROBE_VERSION
-from ..run.tables import read_dataset
+from ..run.readers import read_dataset
 from .advice import CAUSES, DEFAULT_MIN_SESSIONS, FLOOR_MIN_SESSIONS, Cause, Facts
 from .baseline import Comparison, Delta, compare
 from .denominator import (

@@ -31,7 +31,8 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from ..errors import OptionError, RunDirectoryError
-from ..run.tables import PART, SEGMENTS, _run_error, count_rows, has_column, read_dataset, read_manifest
+from ..run.readers import PART, _run_error, count_rows, has_column, read_dataset
+from ..run.tables import SEGMENTS, read_manifest
 
 FIT_STATS = ("support", "q", "q2", "var", "ll")
 # Rounding the replay can leave in a correct value: a float32 log-softmax of a near-certain token is
