@@ -453,9 +453,8 @@ def reduce_logits(
     R = positions.shape[0]
     V = lm_head.shape[0]
     positions, drafts, actuals = positions.to(device), drafts.to(device), actuals.to(device)
-    out_token = torch.empty(R, dtype=torch.long, device=device)
-    out_target = torch.empty(R, dtype=torch.float32, device=device)
-    out_actual = torch.empty(R, dtype=torch.float32, device=device)
+    out_token, out_target, out_actual = (torch.empty(R, dtype=t, device=device) for t in (torch.long, torch.float32,
+                                                                                         torch.float32))
     out_p = {p.name: torch.empty(R, dtype=torch.float32, device=device) for p in profiles}
     assert turns is not None or not any(p.penalised for p in profiles), "penalties need the turns (prompt, output so far)"
 
@@ -499,9 +498,7 @@ def reduce_logits(
         raw = logits.topk(min(top_k_all + TIE_SLACK + (PENALTY_SLACK if any_penalties else 0), V), dim=-1) if top_k_all else None
         for penalties, members in sharing.groups.items():  # one ranking of the raw logits for every set of penalties
             with penalised(logits, penalties, state):
-                top_k = max((p.top_k for p in members if not p.is_greedy and 0 < p.top_k < V), default=0)
-                ranked = penalised_ranking(raw, logits, state if penalties != NO_PENALTIES else None,
-                                           min(top_k + TIE_SLACK, V)) if top_k else None
+                ranked = _ranked(raw, logits, state, penalties, members)
                 for p in members:
                     dist = _score(out_p[p.name], sel, local, drafts, logits, token, p, penalties, ranked, top_k_ties,
                                   no_min_p)
@@ -552,6 +549,15 @@ class _Sharing:
         chunk = max(1, budget // (V * ((3 if full_sort else 1) + (1 if any_penalties else 0))))
         top_k_all = max((p.top_k for p in distinct.values() if not p.is_greedy and 0 < p.top_k < V), default=0)
         return _Sharing(distinct, groups, with_prompt, any_penalties, chunk, top_k_all)
+
+
+def _ranked(raw, logits: Tensor, state, penalties: tuple, members: list) -> tuple[Tensor, Tensor] | None:
+    """The (penalised) ranking a set of profiles with the same penalties shares: top_k + TIE_SLACK values from the
+    raw ranking, for the largest top-k among them (None when none samples with a top-k)."""
+    V = logits.shape[-1]
+    top_k = max((p.top_k for p in members if not p.is_greedy and 0 < p.top_k < V), default=0)
+    return penalised_ranking(raw, logits, state if penalties != NO_PENALTIES else None,
+                             min(top_k + TIE_SLACK, V)) if top_k else None
 
 
 def _score(out: Tensor, sel: Tensor, local: Tensor, drafts: Tensor, logits: Tensor, token: Tensor, p: SamplingProfile,
