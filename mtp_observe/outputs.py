@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Optional
 
 from .errors import OptionError
 
-# A run directory's own entries. tables.py defines them (MANIFEST, REQUESTS, POSITIONS, LOCK and the temporaries'
+# A run directory's own entries. run/entries.py defines them (MANIFEST, REQUESTS, POSITIONS, LOCK and the temporaries'
 # patterns); they are repeated here so that writing a file does not import pyarrow, and
 # tests/test_output_paths.py checks that the two agree.
 RUN_MANIFEST = "run.json"

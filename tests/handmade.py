@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from mtp_observe.run.tables import REQUESTS_SCHEMA, positions_schema, requests_schema, write_part
+from mtp_observe.run.schema import REQUESTS_SCHEMA, positions_schema, requests_schema
+from mtp_observe.run.tables import write_part
 
 PROFILES = ["thinking", "instruct", "greedy"]
 SAMPLING = {"thinking": {"temperature": 0.6, "top_p": 0.95, "top_k": 20},

@@ -132,11 +132,11 @@ def test_a_write_that_fails_leaves_the_previous_file_whole_and_no_temporary(run_
 
 def test_the_run_entries_refused_are_the_ones_tables_defines():
     from mtp_observe import outputs
-    from mtp_observe.run import tables
+    from mtp_observe.run import entries
 
-    assert outputs.RUN_MANIFEST == tables.MANIFEST and outputs.RUN_LOCK == tables.LOCK
-    assert outputs.RUN_TABLES == (tables.REQUESTS, tables.POSITIONS)
+    assert outputs.RUN_MANIFEST == entries.MANIFEST and outputs.RUN_LOCK == entries.LOCK
+    assert outputs.RUN_TABLES == (entries.REQUESTS, entries.POSITIONS)
     for name in (".run.json.tmp-12", ".requests.parquet.part-00000003.parquet.tmp-9",
                  ".positions.parquet.part-00000003-r1.parquet.tmp-9"):
         assert outputs.RUN_TEMPORARY.fullmatch(name)
-        assert tables._MANIFEST_TEMPORARY.fullmatch(name) or tables._GROUP_TEMPORARY.fullmatch(name)
+        assert entries._MANIFEST_TEMPORARY.fullmatch(name) or entries._GROUP_TEMPORARY.fullmatch(name)

@@ -16,7 +16,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from mtp_observe.run import parts, tables
+from mtp_observe.run import entries, parts, tables
 from mtp_observe.run.options import ReplayOptions
 from mtp_observe.run.pipeline import replay
 
@@ -34,10 +34,10 @@ def test_a_thousand_small_sessions_make_four_parts_per_table_not_a_thousand(tmp_
     for i in range(1000):
         writer.add(i, *tiny_tables(i))
     writer.flush()
-    for table in (tables.POSITIONS, tables.REQUESTS):
+    for table in (entries.POSITIONS, entries.REQUESTS):
         names = sorted(p.name for p in (tmp_path / table).iterdir())
         assert names == [tables.part_name(i) for i in (0, 256, 512, 768)]  # named by their first session
-    assert pq.read_table(tmp_path / tables.REQUESTS).column("session_id").to_pylist() == [f"s{i}" for i in range(1000)]
+    assert pq.read_table(tmp_path / entries.REQUESTS).column("session_id").to_pylist() == [f"s{i}" for i in range(1000)]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
@@ -52,15 +52,15 @@ def test_a_part_is_also_closed_by_its_rows_and_by_the_time_its_first_session_wai
     writer.add(3, *tiny_tables(3, rows=1))
     now[0] = 5.0
     writer.add(4, *tiny_tables(4, rows=1))  # the first of these waited 5 s: written
-    assert sorted(p.name for p in (tmp_path / tables.POSITIONS).iterdir()) == [tables.part_name(0), tables.part_name(3)]
+    assert sorted(p.name for p in (tmp_path / entries.POSITIONS).iterdir()) == [tables.part_name(0), tables.part_name(3)]
 
 
 def killed_run(tiny_checkpoint, tmp_path):
     """A grouped run, with a temporary left at its own place by a killed writer (half a Parquet file)."""
     sessions = write_sessions(tmp_path / "s.jsonl", [dict(SESSION, id=f"s{i}") for i in range(5)])
     run = replay([sessions], tiny_checkpoint, tmp_path / "run", ReplayOptions(k=2, device="cpu", part_sessions=2))
-    whole = pq.read_table(run / tables.POSITIONS / tables.part_name(0)).to_pandas()
-    for table in (tables.POSITIONS, tables.REQUESTS):
+    whole = pq.read_table(run / entries.POSITIONS / tables.part_name(0)).to_pandas()
+    for table in (entries.POSITIONS, entries.REQUESTS):
         data = (run / table / tables.part_name(0)).read_bytes()
         (run / parts.temporary_name(table, tables.part_name(6)).replace(str(os.getpid()), "4242")).write_bytes(data[: len(data) // 2])
     assert len(list(run.glob(".*.tmp-4242"))) == 2 and len(whole)
@@ -81,14 +81,14 @@ READERS = {
 def test_every_reader_reads_a_run_a_killed_process_left_a_temporary_in(tiny_checkpoint, tmp_path, reader):
     # polars and duckdb are in the test extra (pip install -e '.[test]'): a machine without them fails here.
     run = killed_run(tiny_checkpoint, tmp_path)
-    manifest = json.loads((run / tables.MANIFEST).read_text())
-    assert READERS[reader](run / tables.POSITIONS) == manifest["counts"]["rows"]
-    assert READERS[reader](run / tables.REQUESTS) == manifest["counts"]["requests"]
+    manifest = json.loads((run / entries.MANIFEST).read_text())
+    assert READERS[reader](run / entries.POSITIONS) == manifest["counts"]["rows"]
+    assert READERS[reader](run / entries.REQUESTS) == manifest["counts"]["requests"]
 
 
 def test_overwrite_and_resume_clear_the_temporaries_of_both_layouts(tiny_checkpoint, tmp_path):
     run = killed_run(tiny_checkpoint, tmp_path)
-    (run / tables.POSITIONS / ".part-00000009.parquet.tmp-77").write_bytes(b"half")  # as runs before grouping left them
+    (run / entries.POSITIONS / ".part-00000009.parquet.tmp-77").write_bytes(b"half")  # as runs before grouping left them
     tables.prepare_run_directory(run, resume=False, overwrite=True)
     assert not run.exists() or list(run.iterdir()) == []
 
@@ -97,25 +97,25 @@ def test_a_grouped_run_killed_mid_way_resumes_to_the_same_rows(tiny_checkpoint, 
     records = [dict(SESSION, id=f"s{i}") for i in range(8)]
     sessions = write_sessions(tmp_path / "s.jsonl", records)
     whole = replay([sessions], tiny_checkpoint, tmp_path / "whole", ReplayOptions(k=2, device="cpu"))
-    assert len(list((whole / tables.POSITIONS).iterdir())) == 1  # 8 small sessions: one part
+    assert len(list((whole / entries.POSITIONS).iterdir())) == 1  # 8 small sessions: one part
     out = tmp_path / "killed"
     args = ["replay", str(sessions), "--model", str(tiny_checkpoint), "--k", "2", "--device", "cpu", "--out", str(out)]
     proc = subprocess.Popen([sys.executable, "-m", "mtp_observe", *args, "--part-sessions", "3"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
-    while time.time() < deadline and not list((out / tables.REQUESTS).glob("part-*")):
+    while time.time() < deadline and not list((out / entries.REQUESTS).glob("part-*")):
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    kept = pq.read_table(out / tables.REQUESTS, columns=["session_id"]).column("session_id").to_pylist()
+    kept = pq.read_table(out / entries.REQUESTS, columns=["session_id"]).column("session_id").to_pylist()
     assert 3 <= len(set(kept)) < 8, "the kill came too late to test anything"
     resumed = run_cli(*args, "--resume", "--part-sessions", "4")  # another grouping: the rows are the same
     assert resumed.returncode == 0, resumed.stderr
     key = ["session_id", "request", "pos", "depth"]
-    a = pd.read_parquet(whole / tables.POSITIONS).sort_values(key).reset_index(drop=True)
-    b = pd.read_parquet(out / tables.POSITIONS).sort_values(key).reset_index(drop=True)
+    a = pd.read_parquet(whole / entries.POSITIONS).sort_values(key).reset_index(drop=True)
+    b = pd.read_parquet(out / entries.POSITIONS).sort_values(key).reset_index(drop=True)
     pd.testing.assert_frame_equal(a, b)
-    assert json.loads((out / tables.MANIFEST).read_text())["counts"] == json.loads((whole / tables.MANIFEST).read_text())["counts"]
+    assert json.loads((out / entries.MANIFEST).read_text())["counts"] == json.loads((whole / entries.MANIFEST).read_text())["counts"]
 
 
 def test_an_orphan_part_a_kill_left_in_one_table_is_removed_on_resume(tmp_path):
@@ -123,7 +123,7 @@ def test_an_orphan_part_a_kill_left_in_one_table_is_removed_on_resume(tmp_path):
     for i in range(3):
         writer.add(i, *tiny_tables(i))
     writer.flush()
-    orphan = tmp_path / tables.POSITIONS / tables.part_name(3)
+    orphan = tmp_path / entries.POSITIONS / tables.part_name(3)
     pq.write_table(tiny_tables(3)[0], orphan)  # killed between the two renames: positions only
     finished = parts.finished_sessions(tmp_path, k=1)
     assert not orphan.exists() and set(finished) == set()  # the tiny tables have no spans: not whole either

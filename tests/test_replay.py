@@ -19,7 +19,8 @@ import torch
 from mtp_observe.model.target import BUILTIN_PROFILES, SamplingProfile, Turns, reduce_logits, sampler_distribution
 from mtp_observe.run.options import ReplayOptions
 from mtp_observe.run.pipeline import replay
-from mtp_observe.run.tables import SCHEMA_VERSION, positions_schema, requests_schema
+from mtp_observe.run.schema import positions_schema, requests_schema
+from mtp_observe.run.tables import SCHEMA_VERSION
 
 from .reference_head import ReferenceHead
 

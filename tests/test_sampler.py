@@ -12,18 +12,17 @@ import math
 import pytest
 import torch
 
+from mtp_observe.model.penalties import PenaltyState, turn_penalty_state
 from mtp_observe.model.target import (
     BUILTIN_PROFILES,
     VLLM_DEFAULTS,
     Distribution,
-    PenaltyState,
     SamplingProfile,
     Turns,
     generation_config_profile,
     profile_from_params,
     reduce_logits,
     sampler_distribution,
-    turn_penalty_state,
 )
 
 
@@ -282,7 +281,7 @@ def test_a_dense_distribution_puts_each_kept_probability_at_its_token():
 
 
 def test_the_penalised_ranking_from_the_raw_one_is_the_top_of_the_penalised_logits():
-    from mtp_observe.model.target import penalised, penalised_ranking
+    from mtp_observe.model.penalties import penalised, penalised_ranking
 
     gen = torch.Generator().manual_seed(5)
     c, V = 40, 500

@@ -161,12 +161,10 @@ def replay(
     from ..run.estimate import estimate_line
     from ..run.manifest import default_run_dir
     from ..run.options import ReplayOptions
-    from ..run.pipeline import replay as run_replay, replay_estimate
-    from ..run.progress import ProgressDisplay
+    from ..run.pipeline import replay_estimate
 
     _check_on_error(on_error)
-    if progress_every < 0:
-        raise OptionError(f"--progress-every {progress_every:g}: expected seconds >= 0 (0: no progress lines)")
+    _check_progress_every(progress_every)
     names = parse_drafters(drafters)
     shard_spec = shard_options(shard, shard_by)
     ray_options = _ray_options(ray, replicas, gpus_per_replica)
@@ -176,13 +174,7 @@ def replay(
                                  max_spec_factor=suffix_max_spec_factor, max_spec_offset=suffix_max_spec_offset,
                                  min_token_prob=suffix_min_token_prob)
     model_free = not any(n in NEEDS_MTP for n in names)
-    from ..model.families import HEAD_ENGINES
-
-    if head_reading not in HEAD_ENGINES:
-        raise OptionError(f"--head-reading {head_reading}: expected one of {', '.join(HEAD_ENGINES)}")
-    if model_free and (sampling or recorded_with):
-        raise OptionError(f"--sampling and --recorded-with score the target's sampler, which a replay of model-free drafters "
-                          f"only (--drafters {drafters}) does not run; add mtp to --drafters, or drop them")
+    _check_reading(head_reading, model_free, bool(sampling or recorded_with), drafters)
     overrides = _template_overrides(chat_template, template_kwargs)
     bundled = model is None
     model_dir = _model_dir(model)
@@ -199,6 +191,31 @@ def replay(
     if dry_run:
         say(out, estimate_line(replay_estimate(files, model_dir, opts)))
         return
+    _replay_and_summarise(files, model_dir, out_path, opts, bundled, progress_every)
+
+
+def _check_progress_every(progress_every: float) -> None:
+    if progress_every < 0:
+        raise OptionError(f"--progress-every {progress_every:g}: expected seconds >= 0 (0: no progress lines)")
+
+
+def _check_reading(head_reading: str, model_free: bool, scores_sampler: bool, drafters: str) -> None:
+    """--head-reading is an engine's; --sampling / --recorded-with (scores_sampler) need a target."""
+    from ..model.families import HEAD_ENGINES
+
+    if head_reading not in HEAD_ENGINES:
+        raise OptionError(f"--head-reading {head_reading}: expected one of {', '.join(HEAD_ENGINES)}")
+    if model_free and scores_sampler:
+        raise OptionError(f"--sampling and --recorded-with score the target's sampler, which a replay of model-free drafters "
+                          f"only (--drafters {drafters}) does not run; add mtp to --drafters, or drop them")
+
+
+def _replay_and_summarise(files, model_dir: Path, out_path: Path, opts, bundled: bool, progress_every: float) -> None:
+    """The replay with its progress shown, then its summary (rank 0 only under torchrun); an interrupt keeps every
+    finished session and says how to continue (exit 130)."""
+    from ..run.pipeline import replay as run_replay
+    from ..run.progress import ProgressDisplay
+
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 draws and summarises
     try:
         # The estimate first; then a live line on a terminal, cleared when it stops (a failure leaves its error line

@@ -315,14 +315,7 @@ def probe(
     trees: tuple = (),
 ) -> ProbeResult:
     """trees: tree.TreeConfig's (--tree): verifies up to their T tokens and draft steps over their TOPK tokens."""
-    if context < 2:
-        raise OptionError(f"--context {context}: expected at least 2 tokens")
-    if k < 1:
-        raise OptionError(f"--k {k}: expected at least 1")
-    if repeats < 1:
-        raise OptionError(f"--repeats {repeats}: expected at least 1")
-    if not batch or min(batch) < 1:
-        raise OptionError(f"--batch {','.join(map(str, batch))}: expected batch sizes >= 1")
+    _check_options(context, k, repeats, batch)
     batch = tuple(sorted(set(batch) | {1}))
     k = max([k] + [t.draft_tokens - 1 for t in trees])  # a tree's verify of T tokens is the verify at K = T - 1
     widths = sorted({t.topk for t in trees} - {1})
@@ -372,6 +365,31 @@ def probe(
         return BatchTiming(batch=B, draft_step=draft, target_decode=decode, verify=verify, draft_width=tuple(wide))
 
     batches = tuple(at(B) for B in batch)
+    notes = _probe_notes(device)
+    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else (platform.processor() or platform.machine())
+    return ProbeResult(
+        model={"path": str(info.path), "model_type": info.model_type, "config_sha256": info.config_sha256,
+               "numerics": info.numerics(torch_dtype)},
+        device=device, device_name=name, dtype=str(torch_dtype).removeprefix("torch."), context=context, k=k,
+        repeats=repeats, warmup=warmup, batches=batches,
+        roofline=roofline_at(take_inventory(info), torch_dtype), notes=tuple(notes), trees=tuple(t.name for t in trees),
+    )
+
+
+def _check_options(context: int, k: int, repeats: int, batch: tuple[int, ...]) -> None:
+    """probe's options a user gives, each refused in one line."""
+    if context < 2:
+        raise OptionError(f"--context {context}: expected at least 2 tokens")
+    if k < 1:
+        raise OptionError(f"--k {k}: expected at least 1")
+    if repeats < 1:
+        raise OptionError(f"--repeats {repeats}: expected at least 1")
+    if not batch or min(batch) < 1:
+        raise OptionError(f"--batch {','.join(map(str, batch))}: expected batch sizes >= 1")
+
+
+def _probe_notes(device: str) -> list[str]:
+    """What the measured steps are, on this device and with these kernels, against a serving engine's."""
     notes = []
     if device == "cpu":
         notes.append(CPU_NOTE)
@@ -382,14 +400,7 @@ def probe(
                          "reference kernels, so the decode step may be slower than in serving and c too small")
     notes.append("the target runs transformers' eager attention and a DynamicCache (no paged KV, no CUDA graphs): "
                  "a serving engine's steps are faster, the small-batch ones most")
-    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else (platform.processor() or platform.machine())
-    return ProbeResult(
-        model={"path": str(info.path), "model_type": info.model_type, "config_sha256": info.config_sha256,
-               "numerics": info.numerics(torch_dtype)},
-        device=device, device_name=name, dtype=str(torch_dtype).removeprefix("torch."), context=context, k=k,
-        repeats=repeats, warmup=warmup, batches=batches,
-        roofline=roofline_at(take_inventory(info), torch_dtype), notes=tuple(notes), trees=tuple(t.name for t in trees),
-    )
+    return notes
 
 
 def _timing_json(t: Timing) -> dict:

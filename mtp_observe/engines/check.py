@@ -121,6 +121,49 @@ class EngineCheck:
                 "run replayed, --traffic same, to tell which)")
 
 
+def _engine_k(report: Report, measured: EngineMeasurement, k: int | None, traffic: str) -> int | None:
+    """The K compared (the counters' own when they say it), compare's options checked against the counters and the
+    run, each refused in one line."""
+    if traffic not in TRAFFIC:
+        raise OptionError(f"--traffic {traffic}: expected one of {', '.join(TRAFFIC)}")
+    if measured.k is not None:
+        if k is not None and k != measured.k:
+            raise OptionError(f"--k {k}: the engine's counters are of K={measured.k}; leave --k out")
+        if measured.k > report.k:
+            raise EngineMetricsError(f"the engine drafted K={measured.k}; the run replayed up to K={report.k}: replay "
+                                     f"with --k {measured.k}")
+        k = measured.k
+    if report.drafter != "mtp":
+        raise OptionError(f"compare --drafter {report.drafter}: an engine counts only the steps where a model-free "
+                          "drafter proposed tokens, which the run does not count per step; compare checks an MTP run")
+    return k
+
+
+def _why_not(relevant: list) -> str:
+    """Why the run does not predict the engine's traffic: the first cause that matters, and its next step."""
+    why_not = ""
+    if relevant:
+        first = relevant[0]
+        why_not = (f"the run is UNRELIABLE ({first.reason}) and does not predict the engine's traffic; "
+                   f"next: {first.steps[0]}" if first.steps else "")
+    return why_not
+
+
+def _warnings(report: Report, measured: EngineMeasurement, steps: int, traffic: str, counted: str) -> list[str]:
+    """One line each for what may make the comparison one of other things: another model's counters, or counters of
+    other requests than the replayed ones (steps: the run's decode's step count)."""
+    warnings = []
+    run_model = (report.manifest.get("model") or {}).get("path") or ""
+    if measured.model_name and run_model and _name_of(measured.model_name) != _name_of(run_model):
+        warnings.append(f"the counters are labelled model_name={measured.model_name!r}, the run replayed {run_model}: "
+                        "served names are free, but if it serves another checkpoint this compares different models")
+    if traffic == "same" and measured.steps and abs(measured.steps - steps) > 0.1 * steps:
+        warnings.append(f"the engine counted {measured.steps:g} drafts where the run's decode of its tokens makes "
+                        f"{steps}{counted}: if the counters are not of exactly the replayed requests, compare with "
+                        "--traffic other")
+    return warnings
+
+
 def check(report: Report, measured: EngineMeasurement, k: int | None = None, traffic: str = "same") -> EngineCheck:
     """The engine's per-position rates and mean acceptance length against the run's at the engine's K.
 
@@ -134,18 +177,7 @@ def check(report: Report, measured: EngineMeasurement, k: int | None = None, tra
     Which UNRELIABLE causes matter: for the same tokens, an unfinished run or traffic that fits no sampler (the run
     then does not describe what this engine served); for other traffic, every cause (too few sessions: the run's
     numbers hold within its sessions only)."""
-    if traffic not in TRAFFIC:
-        raise OptionError(f"--traffic {traffic}: expected one of {', '.join(TRAFFIC)}")
-    if measured.k is not None:
-        if k is not None and k != measured.k:
-            raise OptionError(f"--k {k}: the engine's counters are of K={measured.k}; leave --k out")
-        if measured.k > report.k:
-            raise EngineMetricsError(f"the engine drafted K={measured.k}; the run replayed up to K={report.k}: replay "
-                                     f"with --k {measured.k}")
-        k = measured.k
-    if report.drafter != "mtp":
-        raise OptionError(f"compare --drafter {report.drafter}: an engine counts only the steps where a model-free "
-                          "drafter proposed tokens, which the run does not count per step; compare checks an MTP run")
+    k = _engine_k(report, measured, k, traffic)
     n = engine_numbers(report, k)
     check_acceptance_length(measured, n.k)
     o = report.overall
@@ -185,21 +217,9 @@ def check(report: Report, measured: EngineMeasurement, k: int | None = None, tra
     v = report.verdict
     matter = ("unfinished", "model-free", "sampler") if traffic == "same" else tuple(c.name for c in v.causes)
     relevant = [c for c in v.causes if c.name in matter]
-    why_not = ""
-    if relevant:
-        first = relevant[0]
-        why_not = (f"the run is UNRELIABLE ({first.reason}) and does not predict the engine's traffic; "
-                   f"next: {first.steps[0]}" if first.steps else "")
+    why_not = _why_not(relevant)
     # 3. One warning line each for what may make the comparison of other things.
-    warnings = []
-    run_model = (report.manifest.get("model") or {}).get("path") or ""
-    if measured.model_name and run_model and _name_of(measured.model_name) != _name_of(run_model):
-        warnings.append(f"the counters are labelled model_name={measured.model_name!r}, the run replayed {run_model}: "
-                        "served names are free, but if it serves another checkpoint this compares different models")
-    if traffic == "same" and measured.steps and abs(measured.steps - n.steps) > 0.1 * n.steps:
-        warnings.append(f"the engine counted {measured.steps:g} drafts where the run's decode of its tokens makes "
-                        f"{n.steps}{counted}: if the counters are not of exactly the replayed requests, compare with "
-                        "--traffic other")
+    warnings = _warnings(report, measured, n.steps, traffic, counted)
     return EngineCheck(k=n.k, measured=measured, rows=tuple(rows), level=n.level, traffic=traffic, verdict=v,
                        predicts=not relevant, why_not=why_not, warnings=tuple(warnings),
                        interval=report.resampling.unit if report.resampling is not None else "none",

@@ -416,6 +416,43 @@ def read_checkpoint(model_dir: str | Path) -> CheckpointInfo:
     where = path / "config.json"
 
     # 1. Which family member, which layout.
+    model_type, family, text_config = _family_of(config, where)
+    layout = family.layout
+
+    # 2. Tying: VLM wrappers carry it at the top level; text_config must agree when it says.
+    tie = _tying(config, text_config, layout, where)
+    geometry = _geometry(family, text_config, path)
+    if geometry.num_layers < 1:
+        raise CheckpointError(f"{where}: {family.depth_key} is {geometry.num_layers}; an MTP head has at least one layer")
+    if family.head == "nextn" and geometry.num_layers != 1:  # the engines build one NextN layer, model.layers.{L}
+        raise CheckpointError(f"{where}: {family.depth_key} is {geometry.num_layers}; a NextN head is one layer "
+                              f"(model.layers.{geometry.layer_index}): only 1 (every released checkpoint) is supported")
+    quantization = _quantization(config, text_config if layout == "vlm" else {}, path)
+
+    routing = geometry.moe
+    if routing is None and family.head_mlp == "by_sparse_step" and text_config.get("num_experts"):
+        routing = _moe(_Config(text_config, where))  # a dense MTP layer over a MoE target
+    if routing is None and family.head == "nextn":
+        routing = _grouped_moe(family, _Config(text_config, where))  # a dense NextN layer over a MoE target
+
+    # 3. Every tensor, from the headers.
+    tensors = _header_tensors(path)
+
+    # 4. The head: present, every tensor at the shape the config implies, stored as it can be read.
+    expert_layout = _check_head(path, model_type, family, geometry, tensors)
+
+    # 5. The borrowed tensors.
+    info = CheckpointInfo(
+        path=path, config=config, text_config=dict(text_config), model_type=model_type, layout=layout,
+        tie_word_embeddings=tie, geometry=geometry, tensors=tensors, family=family, expert_layout=expert_layout,
+        quantization=quantization, routing=routing,
+    )
+    _check_borrowed(info)
+    return info
+
+
+def _family_of(config: dict, where: Path) -> tuple[str, Family, dict]:
+    """(model_type, its family, the text config: config.json's text_config for a VLM wrapper, else config.json)."""
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         shown = model_type if isinstance(model_type, str) or model_type is None else f"{model_type!r:.40}"
@@ -434,7 +471,11 @@ def read_checkpoint(model_dir: str | Path) -> CheckpointInfo:
         raise CheckpointError(f"{where}: text_config.model_type is {text_config.get('model_type')!r}, expected "
                               f"{family.text_model_type!r} for a {model_type!r} checkpoint")
 
-    # 2. Tying: VLM wrappers carry it at the top level; text_config must agree when it says.
+    return model_type, family, text_config
+
+
+def _tying(config: dict, text_config: dict, layout: str, where: Path) -> bool:
+    """tie_word_embeddings (a VLM wrapper carries it at the top level; text_config must agree when it says)."""
     tie = _Config(config, where).bool("tie_word_embeddings", False)
     if layout == "vlm" and "tie_word_embeddings" in text_config:
         inner = _Config(text_config, where, "text_config.").bool("tie_word_embeddings", False)
@@ -442,21 +483,11 @@ def read_checkpoint(model_dir: str | Path) -> CheckpointInfo:
             raise CheckpointError(
                 f"{where}: tie_word_embeddings is {tie} at the top level but {inner} in text_config; make them agree"
             )
-    geometry = _geometry(family, text_config, path)
-    if geometry.num_layers < 1:
-        raise CheckpointError(f"{where}: {family.depth_key} is {geometry.num_layers}; an MTP head has at least one layer")
-    if family.head == "nextn" and geometry.num_layers != 1:  # the engines build one NextN layer, model.layers.{L}
-        raise CheckpointError(f"{where}: {family.depth_key} is {geometry.num_layers}; a NextN head is one layer "
-                              f"(model.layers.{geometry.layer_index}): only 1 (every released checkpoint) is supported")
-    quantization = _quantization(config, text_config if layout == "vlm" else {}, path)
+    return tie
 
-    routing = geometry.moe
-    if routing is None and family.head_mlp == "by_sparse_step" and text_config.get("num_experts"):
-        routing = _moe(_Config(text_config, where))  # a dense MTP layer over a MoE target
-    if routing is None and family.head == "nextn":
-        routing = _grouped_moe(family, _Config(text_config, where))  # a dense NextN layer over a MoE target
 
-    # 3. Every tensor, from the headers.
+def _header_tensors(path: Path) -> dict[str, TensorEntry]:
+    """Every tensor of the checkpoint, from its safetensors headers (each in one shard, where the index says)."""
     files, weight_map = _shard_files(path)
     tensors: dict[str, TensorEntry] = {}
     for f in files:
@@ -471,7 +502,13 @@ def read_checkpoint(model_dir: str | Path) -> CheckpointInfo:
                 raise CheckpointError(f"{path / 'model.safetensors.index.json'}: weight_map puts {name} in {f}, whose "
                                       "header does not hold it; restore the index or the shard")
 
-    # 4. The head: present, every tensor at the shape the config implies, stored as it can be read.
+    return tensors
+
+
+def _check_head(path: Path, model_type: str, family: Family, geometry: HeadGeometry,
+                tensors: dict[str, TensorEntry]) -> str | None:
+    """The head present, every tensor at the shape the config implies and none beyond it; returns its experts'
+    layout (None for a dense head)."""
     names = head_names(geometry)
     head = [n for n in tensors if n.startswith(names.prefix)]
     if not head and family.head == "nextn":
@@ -515,12 +552,14 @@ def read_checkpoint(model_dir: str | Path) -> CheckpointInfo:
             raise CheckpointError(f"{path}: tensor {beyond} belongs to a second NextN layer, but "
                                   f"num_nextn_predict_layers is 1; config and weights do not match")
 
-    # 5. The borrowed tensors.
-    info = CheckpointInfo(
-        path=path, config=config, text_config=dict(text_config), model_type=model_type, layout=layout,
-        tie_word_embeddings=tie, geometry=geometry, tensors=tensors, family=family, expert_layout=expert_layout,
-        quantization=quantization, routing=routing,
-    )
+    return expert_layout
+
+
+def _check_borrowed(info: CheckpointInfo) -> None:
+    """The tensors the head borrows from the target (embedding, lm_head), the target's routed experts against the
+    config, and every tensor stored as it can be read."""
+    path, tensors, geometry, routing = info.path, info.tensors, info.geometry, info.routing
+    model_type, quantization = info.model_type, info.quantization
     if routing is None:
         routed = next((n for n in info.target_names if ".mlp.experts." in n), None)
         if routed is not None:
@@ -544,7 +583,6 @@ def read_checkpoint(model_dir: str | Path) -> CheckpointInfo:
         e = tensors[name]
         if len(e.shape) == 1 and e.dtype not in FLOAT_DTYPES:
             raise CheckpointError(f"{path / e.file}: tensor {name} is stored as {e.dtype}; a norm is a float vector")
-    return info
 
 
 # ---------------------------------------------------------------------------------------------

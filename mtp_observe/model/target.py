@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import inspect
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .penalties import NO_PENALTIES, PenaltyState, penalised, penalised_ranking, turn_penalty_state
 
 RECORDED = "recorded"  # the profile scored with each session's own meta.sampling (else the fallback)
 
@@ -142,7 +143,6 @@ TIE_SLACK = 8  # ranked values kept past top_k, so that logits tied with the k-t
 PENALTY_SLACK = 32  # raw ranked values kept past that, so the penalised rankings come from it (penalised_ranking)
 SAMPLING_PARAMS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                    "repetition_penalty")  # vLLM SamplingParams names
-NO_PENALTIES = (1.0, 0.0, 0.0)  # (repetition, frequency, presence)
 
 
 @dataclass(frozen=True)
@@ -283,141 +283,6 @@ def generation_config_profile(model_dir) -> SamplingProfile | None:
         return profile_from_params("generation_config", config, VLLM_DEFAULTS)
     except ValueError:
         return None
-
-
-@dataclass(frozen=True)
-class PenaltyState:
-    """What vLLM's penalties read at each of c positions, on the u vocabulary columns that occur at all.
-
-    Repetition reads the prompt and the output; frequency and presence the output: the tokens
-    generated so far in the turn (in serving: the committed ones and the drafts before this one in
-    the same step; on the recorded path those drafts are the recorded tokens).
-    """
-
-    tokens: Tensor  # [u] int64  vocabulary ids occurring in some row's prompt or output, ascending
-    in_prompt: Tensor  # [c, u] bool  tokens[i] occurs in the row's prompt
-    output_counts: Tensor  # [c, u] int32  occurrences of tokens[i] among the row's output tokens
-
-    @classmethod
-    def from_tokens(cls, prompts, outputs, device=None) -> "PenaltyState":
-        """prompts, outputs: c sequences of token ids each (e.g. one per sequence being generated)."""
-        prompts = [torch.as_tensor(list(p), dtype=torch.long) for p in prompts]
-        outputs = [torch.as_tensor(list(o), dtype=torch.long) for o in outputs]
-        assert len(prompts) == len(outputs), (len(prompts), len(outputs))
-        tokens = torch.unique(torch.cat(prompts + outputs + [torch.empty(0, dtype=torch.long)]))
-        c, u = len(prompts), tokens.shape[0]
-        in_prompt = torch.zeros(c, u, dtype=torch.bool)
-        counts = torch.zeros(c, u, dtype=torch.int32)
-        for i, (p, o) in enumerate(zip(prompts, outputs)):
-            in_prompt[i, torch.searchsorted(tokens, p)] = True
-            counts[i].index_add_(0, torch.searchsorted(tokens, o), torch.ones(o.shape[0], dtype=torch.int32))
-        return cls(tokens.to(device), in_prompt.to(device), counts.to(device))
-
-
-def turn_penalty_state(input_ids: Tensor, starts: Tensor, positions: Tensor, with_prompt: bool) -> PenaltyState:
-    """The penalty state on a recorded request: the row at position j (whose logits emit x_{j+1}) of the
-    turn starting at s has prompt x_0..x_{s-1} and output x_s..x_j (none at j = s-1).
-
-    input_ids: [n]; starts, positions: [c] (s <= j + 1). Linear in the tokens, not in c x turn length:
-    rows of a turn are counted cumulatively (each row adds the tokens since the row before it).
-    Worked example: x = [7, 8, 9, 9], one turn s = 2, rows j = 1, 2, 3: outputs [], [9], [9, 9].
-    """
-    device = input_ids.device
-    c = positions.shape[0]
-    n = input_ids.shape[0]
-    order = torch.argsort(starts * (n + 1) + positions)
-    s, j = starts[order], positions[order]
-    first = torch.ones(c, dtype=torch.bool, device=device)
-    first[1:] = s[1:] != s[:-1]
-    previous = torch.where(first, s - 1, torch.cat([j[:1], j[:-1]]))  # the last position already counted
-    length = (j - previous).clamp(min=0)  # the row adds x_{previous+1} .. x_j
-    row_of = torch.repeat_interleave(torch.arange(c, device=device), length)
-    begin = torch.repeat_interleave(previous + 1, length)
-    offset = torch.arange(row_of.shape[0], device=device) - torch.repeat_interleave(torch.cumsum(length, 0) - length, length)
-    added = input_ids[begin + offset]
-    prompt_ids = input_ids[: int(s.max()) if c and with_prompt else 0]  # every row's prompt is a prefix of this
-    tokens = torch.unique(torch.cat([added, prompt_ids]))
-    u = tokens.shape[0]
-    increments = torch.zeros(c, u, dtype=torch.int32, device=device)
-    increments.index_put_((row_of, torch.searchsorted(tokens, added)), torch.ones_like(added, dtype=torch.int32),
-                          accumulate=True)
-    counts = increments.cumsum(0)
-    group = torch.cumsum(first.long(), 0) - 1
-    starts_at = torch.nonzero(first).squeeze(1)
-    base = torch.where((starts_at > 0)[:, None], counts[(starts_at - 1).clamp(min=0)], torch.zeros_like(counts[:1]))
-    counts = (counts - base[group]).to(torch.int32)
-    if with_prompt and prompt_ids.numel():
-        first_seen = torch.full((u,), n, dtype=torch.long, device=device)
-        first_seen.scatter_reduce_(0, torch.searchsorted(tokens, prompt_ids), torch.arange(prompt_ids.shape[0], device=device),
-                                   "amin")
-        in_prompt = first_seen[None, :] < s[:, None]
-    else:
-        in_prompt = torch.zeros(c, u, dtype=torch.bool, device=device)
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(c, device=device)
-    return PenaltyState(tokens, in_prompt[inverse], counts[inverse])
-
-
-def penalised_values(values: Tensor, penalties: tuple[float, float, float], state: PenaltyState) -> Tensor:
-    """vLLM's apply_penalties on the state's columns: values [c, u] (the logits at state.tokens) -> [c, u]."""
-    repetition, frequency, presence = penalties
-    counts = state.output_counts
-    if repetition != 1.0:
-        seen = state.in_prompt | (counts > 0)
-        values = values * torch.where(seen, torch.where(values > 0, 1.0 / repetition, repetition), 1.0)  # as vLLM: x * (1/r) or x * r
-    if frequency != 0.0:
-        values = values - frequency * counts.to(values.dtype)
-    if presence != 0.0:
-        values = values - presence * (counts > 0).to(values.dtype)
-    return values
-
-
-@contextmanager
-def penalised(logits: Tensor, penalties: tuple[float, float, float], state: PenaltyState | None):
-    """Within the block, logits [c, V] carry the penalties (written on the state's columns in place and
-    restored on exit: a [c, u] copy instead of a [c, V] one)."""
-    if penalties == NO_PENALTIES:
-        yield logits
-        return
-    assert state is not None, "a penalised sampler needs the penalty state (the prompt and the output so far)"
-    if state.tokens.numel() == 0:
-        yield logits
-        return
-    columns = state.tokens.to(logits.device)
-    saved = logits[:, columns]
-    logits[:, columns] = penalised_values(saved, penalties, state)
-    try:
-        yield logits
-    finally:
-        logits[:, columns] = saved
-
-
-def penalised_ranking(raw: tuple[Tensor, Tensor], logits: Tensor, state: PenaltyState | None, width: int) -> tuple[Tensor, Tensor]:
-    """The top `width` of the penalised logits, from the raw logits' ranking and the penalised columns, with no
-    pass over the vocabulary. raw: the unpenalised logits' topk(m), m >= width; logits: [c, V] carrying the
-    penalties (written on the state's columns); -> (values [c, width] descending, index [c, width]).
-
-    The candidates are the raw top m with the penalised tokens' new values in place of theirs, plus every
-    penalised token. A token among neither is unpenalised and at most the raw m-th value, so wherever that
-    value is below the width-th candidate the candidates' top is the top; other rows (many ranked tokens
-    pushed down at once) are ranked again on the penalised logits.
-    """
-    values, index = raw
-    if state is None or state.tokens.numel() == 0:
-        return values[:, :width], index[:, :width]
-    columns = state.tokens.to(logits.device)
-    c = logits.shape[0]
-    candidate_values = torch.cat([values.masked_fill(torch.isin(index, columns), float("-inf")), logits[:, columns]], 1)
-    candidate_index = torch.cat([index, columns.expand(c, -1)], 1)
-    top, where = candidate_values.topk(width, dim=-1)
-    top_index = candidate_index.gather(1, where)
-    unsure = values[:, -1] >= top[:, -1]  # an unseen token could reach the top
-    if bool(unsure.any()):
-        rows = torch.nonzero(unsure).squeeze(1)
-        again = logits[rows].topk(width, dim=-1)
-        top, top_index = top.clone(), top_index.clone()
-        top[rows], top_index[rows] = again
-    return top, top_index
 
 
 @dataclass(frozen=True)
@@ -588,9 +453,8 @@ def reduce_logits(
     R = positions.shape[0]
     V = lm_head.shape[0]
     positions, drafts, actuals = positions.to(device), drafts.to(device), actuals.to(device)
-    out_token = torch.empty(R, dtype=torch.long, device=device)
-    out_target = torch.empty(R, dtype=torch.float32, device=device)
-    out_actual = torch.empty(R, dtype=torch.float32, device=device)
+    out_token, out_target, out_actual = (torch.empty(R, dtype=t, device=device) for t in (torch.long, torch.float32,
+                                                                                         torch.float32))
     out_p = {p.name: torch.empty(R, dtype=torch.float32, device=device) for p in profiles}
     assert turns is not None or not any(p.penalised for p in profiles), "penalties need the turns (prompt, output so far)"
 
@@ -599,10 +463,7 @@ def reduce_logits(
     if turns is not None:
         ids = turns.input_ids.to(device)
         starts, ends = turns.starts.to(device), turns.ends.to(device)
-        lo = (starts - 1).clamp(min=0)
-        counts = (ends - lo).clamp(min=0)
-        fit_positions = torch.repeat_interleave(lo, counts) + torch.arange(int(counts.sum()), device=device) - \
-            torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+        lo, counts, fit_positions = _span_positions(starts, ends, device)
     all_positions = positions if fit_positions is None else torch.cat([positions, fit_positions])
     if all_positions.shape[0] == 0:
         return _empty_reductions(out_token, out_target, out_actual, out_p, profiles, turns, device)
@@ -616,17 +477,8 @@ def reduce_logits(
     sorted_inverse = inverse[order]
 
     # 2. Which profiles share work: equal parameters are computed once; a ranking per set of penalties.
-    distinct: dict[tuple, SamplingProfile] = {}
-    for p in profiles:
-        distinct.setdefault(p.params(), p)
-    groups: dict[tuple, list[SamplingProfile]] = {}
-    for p in distinct.values():
-        groups.setdefault(p.penalties, []).append(p)
-    with_prompt = any(p.penalties[0] != 1.0 for p in distinct.values())
-    any_penalties = any(p.penalised for p in distinct.values())
-    full_sort = any(not (0 < p.top_k < V) and not p.is_greedy and (p.top_p < 1 or p.min_p > 0) for p in distinct.values())
-    chunk = max(1, budget // (V * ((3 if full_sort else 1) + (1 if any_penalties else 0))))
-    top_k_all = max((p.top_k for p in distinct.values() if not p.is_greedy and 0 < p.top_k < V), default=0)
+    sharing = _Sharing.of(profiles, V, budget)
+    any_penalties, chunk, top_k_all = sharing.any_penalties, sharing.chunk, sharing.top_k_all
     for c0 in range(0, unique.shape[0], chunk):
         c1 = min(unique.shape[0], c0 + chunk)
         lo_r, hi_r = torch.searchsorted(sorted_inverse, torch.tensor([c0, c1], device=device)).tolist()
@@ -641,52 +493,120 @@ def reduce_logits(
             spans_here = span_of[c0:c1]
             next_token = ids[here + 1]
             if any_penalties:
-                state = turn_penalty_state(ids, starts[spans_here], here, with_prompt)
+                state = turn_penalty_state(ids, starts[spans_here], here, sharing.with_prompt)
         every = torch.arange(c1 - c0, device=device)
         raw = logits.topk(min(top_k_all + TIE_SLACK + (PENALTY_SLACK if any_penalties else 0), V), dim=-1) if top_k_all else None
-        for penalties, members in groups.items():  # one ranking of the raw logits for every set of penalties
+        for penalties, members in sharing.groups.items():  # one ranking of the raw logits for every set of penalties
             with penalised(logits, penalties, state):
-                top_k = max((p.top_k for p in members if not p.is_greedy and 0 < p.top_k < V), default=0)
-                ranked = penalised_ranking(raw, logits, state if penalties != NO_PENALTIES else None,
-                                           min(top_k + TIE_SLACK, V)) if top_k else None
+                ranked = _ranked(raw, logits, state, penalties, members)
                 for p in members:
-                    if p.is_greedy and penalties == NO_PENALTIES:
-                        dist = Distribution(torch.ones(c1 - c0, 1, device=device), token[:, None])
-                    else:
-                        dist = _distribution(logits, p, ranked, top_k_ties)
-                    out_p[p.name][sel] = dist.at(local, drafts[sel])
-                    if no_min_p is not None and p.min_p > 0 and not p.is_greedy:
-                        plain = no_min_p.to(device)[sel]
-                        if bool(plain.any()):
-                            without = _distribution(logits, SamplingProfile(p.name, **{**p.as_dict(), "min_p": 0.0}),
-                                                    ranked, top_k_ties)
-                            out_p[p.name][sel] = torch.where(plain, without.at(local, drafts[sel]), out_p[p.name][sel])
+                    dist = _score(out_p[p.name], sel, local, drafts, logits, token, p, penalties, ranked, top_k_ties,
+                                  no_min_p)
                     if turns is not None:
-                        q_next = dist.at(every, next_token).double()
-                        q2, q3 = dist.power_sum(2).double(), dist.power_sum(3).double()
-                        sums = fit[p.name]
-                        sums[0].index_add_(0, spans_here, (q_next > 0).double())
-                        sums[1].index_add_(0, spans_here, q_next)
-                        sums[2].index_add_(0, spans_here, q2)
-                        sums[3].index_add_(0, spans_here, q3 - q2 * q2)
-                        sums[4].index_add_(0, spans_here, torch.where(q_next > 0, q_next, 1.0).log())
-        rowmax = logits.gather(1, token[:, None]).squeeze(1)
-        draft_logit, actual_logit = logits[local, drafts[sel]] - rowmax[local], logits[local, actuals[sel]] - rowmax[local]
-        # log Σ exp(logit - max), in place: logsumexp without another pass for the maxima or another [c, V] buffer
-        lse = logits.sub_(rowmax[:, None]).exp_().sum(-1).log_()
-        out_target[sel] = draft_logit - lse[local]
-        out_actual[sel] = actual_logit - lse[local]
+                        _add_fit_sums(fit[p.name], spans_here, dist, every, next_token)
+        out_target[sel], out_actual[sel] = _log_probs(logits, token, local, drafts[sel], actuals[sel])
         del logits
-    for p in profiles:  # profiles equal to an earlier one share its results
-        first = distinct[p.params()]
-        if first.name != p.name:
-            out_p[p.name] = out_p[first.name]
-            if turns is not None:
-                fit[p.name] = fit[first.name]
+    _share_results(profiles, sharing.distinct, out_p, fit if turns is not None else None)
     if turns is None:
         return Reductions(out_token, out_target, out_actual, out_p)
     fit_sums = {p.name: FitSums(fit[p.name][0].round().long(), *fit[p.name][1:]) for p in profiles}
     return Reductions(out_token, out_target, out_actual, out_p, fit_tokens=counts.long(), fit=fit_sums)
+
+
+def _span_positions(starts: Tensor, ends: Tensor, device) -> tuple[Tensor, Tensor, Tensor]:
+    """(lo [S] each span's first position s-1, counts [S] its positions s-1..e-1, the positions [sum counts])."""
+    lo = (starts - 1).clamp(min=0)
+    counts = (ends - lo).clamp(min=0)
+    fit_positions = torch.repeat_interleave(lo, counts) + torch.arange(int(counts.sum()), device=device) - \
+        torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    return lo, counts, fit_positions
+
+
+@dataclass(frozen=True)
+class _Sharing:
+    """Which profiles share work in reduce_logits: equal parameters are computed once; a ranking per set of
+    penalties; the chunk of positions whose logits fit the budget."""
+
+    distinct: dict  # {params: the first profile with them}
+    groups: dict  # {penalties: [distinct profiles with them]}
+    with_prompt: bool  # some profile's penalties read the prompt
+    any_penalties: bool
+    chunk: int  # positions per chunk
+    top_k_all: int  # the largest top-k of a sampled profile (0: none)
+
+    @staticmethod
+    def of(profiles: tuple[SamplingProfile, ...], V: int, budget: int) -> "_Sharing":
+        distinct: dict[tuple, SamplingProfile] = {}
+        for p in profiles:
+            distinct.setdefault(p.params(), p)
+        groups: dict[tuple, list[SamplingProfile]] = {}
+        for p in distinct.values():
+            groups.setdefault(p.penalties, []).append(p)
+        with_prompt = any(p.penalties[0] != 1.0 for p in distinct.values())
+        any_penalties = any(p.penalised for p in distinct.values())
+        full_sort = any(not (0 < p.top_k < V) and not p.is_greedy and (p.top_p < 1 or p.min_p > 0)
+                        for p in distinct.values())
+        chunk = max(1, budget // (V * ((3 if full_sort else 1) + (1 if any_penalties else 0))))
+        top_k_all = max((p.top_k for p in distinct.values() if not p.is_greedy and 0 < p.top_k < V), default=0)
+        return _Sharing(distinct, groups, with_prompt, any_penalties, chunk, top_k_all)
+
+
+def _ranked(raw, logits: Tensor, state, penalties: tuple, members: list) -> tuple[Tensor, Tensor] | None:
+    """The (penalised) ranking a set of profiles with the same penalties shares: top_k + TIE_SLACK values from the
+    raw ranking, for the largest top-k among them (None when none samples with a top-k)."""
+    V = logits.shape[-1]
+    top_k = max((p.top_k for p in members if not p.is_greedy and 0 < p.top_k < V), default=0)
+    return penalised_ranking(raw, logits, state if penalties != NO_PENALTIES else None,
+                             min(top_k + TIE_SLACK, V)) if top_k else None
+
+
+def _score(out: Tensor, sel: Tensor, local: Tensor, drafts: Tensor, logits: Tensor, token: Tensor, p: SamplingProfile,
+           penalties: tuple, ranked, top_k_ties: str, no_min_p: Tensor | None) -> Distribution:
+    """Profile p's distribution over a chunk's logits; writes p_accept of the chunk's rows `sel` (their drafts at
+    `local`) into `out` — without min-p on the rows no_min_p marks. Returns the distribution (for the fit sums)."""
+    if p.is_greedy and penalties == NO_PENALTIES:
+        dist = Distribution(torch.ones(logits.shape[0], 1, device=logits.device), token[:, None])
+    else:
+        dist = _distribution(logits, p, ranked, top_k_ties)
+    out[sel] = dist.at(local, drafts[sel])
+    if no_min_p is not None and p.min_p > 0 and not p.is_greedy:
+        plain = no_min_p.to(logits.device)[sel]
+        if bool(plain.any()):
+            without = _distribution(logits, SamplingProfile(p.name, **{**p.as_dict(), "min_p": 0.0}),
+                                    ranked, top_k_ties)
+            out[sel] = torch.where(plain, without.at(local, drafts[sel]), out[sel])
+    return dist
+
+
+def _log_probs(logits: Tensor, token: Tensor, local: Tensor, drafts: Tensor, actuals: Tensor) -> tuple[Tensor, Tensor]:
+    """(log-prob of each row's draft, of its recorded token) from a chunk's logits [c, V] (overwritten: the row's
+    argmax `token` is its maximum) at the rows' positions `local`."""
+    rowmax = logits.gather(1, token[:, None]).squeeze(1)
+    draft_logit, actual_logit = logits[local, drafts] - rowmax[local], logits[local, actuals] - rowmax[local]
+    # log Σ exp(logit - max), in place: logsumexp without another pass for the maxima or another [c, V] buffer
+    lse = logits.sub_(rowmax[:, None]).exp_().sum(-1).log_()
+    return draft_logit - lse[local], actual_logit - lse[local]
+
+
+def _add_fit_sums(sums: list[Tensor], spans_here: Tensor, dist: Distribution, every: Tensor, next_token: Tensor) -> None:
+    """Add a chunk's positions to their spans' fit sums: support, Σ q, Σ q², Σ (q³ - (q²)²), Σ log q."""
+    q_next = dist.at(every, next_token).double()
+    q2, q3 = dist.power_sum(2).double(), dist.power_sum(3).double()
+    sums[0].index_add_(0, spans_here, (q_next > 0).double())
+    sums[1].index_add_(0, spans_here, q_next)
+    sums[2].index_add_(0, spans_here, q2)
+    sums[3].index_add_(0, spans_here, q3 - q2 * q2)
+    sums[4].index_add_(0, spans_here, torch.where(q_next > 0, q_next, 1.0).log())
+
+
+def _share_results(profiles, distinct: dict, out_p: dict, fit: dict | None) -> None:
+    """Profiles equal to an earlier one share its results (p_accept, and the fit sums when there are)."""
+    for p in profiles:
+        first = distinct[p.params()]
+        if first.name != p.name:
+            out_p[p.name] = out_p[first.name]
+            if fit is not None:
+                fit[p.name] = fit[first.name]
 
 
 def _empty_reductions(out_token, out_target, out_actual, out_p, profiles, turns, device) -> Reductions:

@@ -2,6 +2,7 @@
 
 Its modules, in the order the data flows (each opens with its own contract):
 
+    manifest     run.json as the report reads it: the drafters, the what-ifs, the notes of a run's status and version
     run          load_run(path) -> Run: the run directory read back and checked; newest_run(root)
     metrics      the counts and every rate derived from them, in one place; the simulated decode
     denominator  the speedup's denominator for a run: --probe, --draft-cost, the roofline, per batch size
@@ -28,7 +29,7 @@ ones (the CLI, engines, presentation and the tests import them from here).
 """
 
 from ..cost.speedup import PROBE_VERSION
-from ..run.tables import read_dataset
+from ..run.readers import read_dataset
 from .advice import CAUSES, DEFAULT_MIN_SESSIONS, FLOOR_MIN_SESSIONS, Cause, Facts
 from .baseline import Comparison, Delta, compare
 from .denominator import (
@@ -45,9 +46,10 @@ from .denominator import (
 )
 from .document import REPORT_VERSION, report_json
 from .drafters import DrafterSummary, Rank, rank_drafters, summarize_drafters
+from .manifest import judged_drafter, run_drafters
 from .reading import Reading, read_and_summarize
 from .recording import Candidate, RecordingSampler
-from .run import LoopSteps, Rows, Run, Spans, judged_drafter, load_run, newest_run, run_drafters
+from .run import LoopSteps, Rows, Run, Spans, load_run, newest_run
 from .summary import BatchSpeedup, Report, SpeculativeCheck, batch_speedups, summarize, summarize_at_batch
 from .tallies import (
     CONTEXT_BINS,

@@ -27,7 +27,7 @@ from ..cost.geometry import Geometry
 from ..cost.roofline import DEFAULT_DEVICE, ExpertCounts, expected_distinct, parse_device, roofline_times
 from ..cost.speedup import DEFAULT_BATCHES, PROBE_VERSION, StepTimes, batch1_times, step_times_from_probe
 from ..errors import OptionError
-from ..run.tables import _one_line, _run_error, has_column, read_dataset
+from ..run.readers import _one_line, _run_error, has_column, read_dataset
 
 
 @dataclass(frozen=True)

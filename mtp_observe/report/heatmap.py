@@ -19,7 +19,7 @@ import pyarrow.dataset as pads
 
 from ..errors import OptionError
 from ..literal import prose, visible
-from ..run.tables import read_dataset
+from ..run.readers import read_dataset
 from . import Run
 
 # Pastel red -> yellow -> green, legible under black text.

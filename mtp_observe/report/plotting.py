@@ -47,15 +47,9 @@ def figure(report: Report, comparison: Comparison | None = None):
     panels = list(fig.subplots(1, n))
     accept, tokens, speed = panels[0], panels[1], panels[2]
 
-    def with_band(ax, x, field, label, colour, marker):
-        y = getattr(o.value, field)
-        if o.lo is not None:
-            ax.fill_between(x, getattr(o.lo, field), getattr(o.hi, field), color=colour, alpha=0.18, linewidth=0)
-        ax.plot(x, y, marker=marker, color=colour, label=label, linewidth=2)
-
     # 1. Acceptance by depth.
-    with_band(accept, ks, "alpha", "α_k  conditional: accepted(k) / accepted(k-1)", "#1f77b4", "o")
-    with_band(accept, ks, "accept_rate", "A_k  unconditional: accepted(k) / evaluable(k)", "#ff7f0e", "s")
+    _with_band(accept, o, ks, "alpha", "α_k  conditional: accepted(k) / accepted(k-1)", "#1f77b4", "o")
+    _with_band(accept, o, ks, "accept_rate", "A_k  unconditional: accepted(k) / evaluable(k)", "#ff7f0e", "s")
     if comparison is not None:
         base, kc = comparison.overall.baseline.value, np.arange(1, comparison.k + 1)
         accept.plot(kc, base.alpha[: comparison.k], "--", color="#1f77b4", alpha=0.6, label="α_k baseline")
@@ -66,14 +60,38 @@ def figure(report: Report, comparison: Comparison | None = None):
     _legend(accept)
 
     # 2. Tokens per target step.
-    with_band(tokens, ks, "tau_sim", "τ_sim(K)  simulated decode (the verdict's τ)", "#9467bd", "^")
-    with_band(tokens, ks, "tau", "τ(K)  per-position formula over every anchor", "#2ca02c", "o")
+    _with_band(tokens, o, ks, "tau_sim", "τ_sim(K)  simulated decode (the verdict's τ)", "#9467bd", "^")
+    _with_band(tokens, o, ks, "tau", "τ(K)  per-position formula over every anchor", "#2ca02c", "o")
     tokens.set(title="tokens per target step (95% bands)", xlabel="draft length K", ylabel="tokens per step",
                xticks=ks)
     tokens.grid(alpha=0.3)
     _legend(tokens)
 
     # 3. The speedup on its own axis, K = 0 (no speculation: 1×) included, the K to run starred.
+    _plot_speedup(speed, report, comparison)
+
+    rest = panels[3:]
+    if several:
+        _plot_drafters(rest.pop(0), report, ks)
+    if by_batch:
+        plot_batch(rest.pop(0), report)
+    judged = f" [{report.drafter}]" if several else ""
+    fig.suptitle(f"{report.path.name}{judged}: {v.headline}\n{plural(len(report.sessions), 'session')}, "
+                 f"{plural(o.anchors, 'anchor')}; {v.reason[:140]}", fontsize=10)
+    return fig
+
+
+def _with_band(ax, o, x, field, label, colour, marker):
+    """One metric of the overall numbers `o` against x, with its 95% band where there is one."""
+    y = getattr(o.value, field)
+    if o.lo is not None:
+        ax.fill_between(x, getattr(o.lo, field), getattr(o.hi, field), color=colour, alpha=0.18, linewidth=0)
+    ax.plot(x, y, marker=marker, color=colour, label=label, linewidth=2)
+
+
+def _plot_speedup(speed, report: Report, comparison: Comparison | None) -> None:
+    """The speedup on its own axis, K = 0 (no speculation: 1×) included, the K to run starred."""
+    o, K, v = report.overall, report.k, report.verdict
     x0 = np.arange(0, K + 1)
     y = np.concatenate([[1.0], o.value.speedup])
     if o.lo is not None:
@@ -99,25 +117,19 @@ def figure(report: Report, comparison: Comparison | None = None):
     speed.grid(alpha=0.3)
     _legend(speed)
 
-    rest = panels[3:]
-    if several:
-        ax = rest.pop(0)
-        for i, d in enumerate(report.drafters):
-            colour = COLOURS[i % len(COLOURS)]
-            if d.overall.lo is not None:
-                ax.fill_between(ks, d.overall.lo.speedup, d.overall.hi.speedup, color=colour, alpha=0.15, linewidth=0)
-            ax.plot(ks, d.overall.value.speedup, marker="o", color=colour, linewidth=2,
-                    label=f"{d.name}  c = {d.cost.c:.3f}" + (" (judged)" if d.judged else ""))
-        ax.axhline(1.0, color="grey", linewidth=1, linestyle=":")
-        ax.set(title="speedup vs K, every drafter (95% bands)", xlabel="draft length K", ylabel="speedup ×", xticks=ks)
-        ax.grid(alpha=0.3)
-        _legend(ax)
-    if by_batch:
-        plot_batch(rest.pop(0), report)
-    judged = f" [{report.drafter}]" if several else ""
-    fig.suptitle(f"{report.path.name}{judged}: {v.headline}\n{plural(len(report.sessions), 'session')}, "
-                 f"{plural(o.anchors, 'anchor')}; {v.reason[:140]}", fontsize=10)
-    return fig
+
+def _plot_drafters(ax, report: Report, ks: np.ndarray) -> None:
+    """Every drafter's speedup against K, the judged one named."""
+    for i, d in enumerate(report.drafters):
+        colour = COLOURS[i % len(COLOURS)]
+        if d.overall.lo is not None:
+            ax.fill_between(ks, d.overall.lo.speedup, d.overall.hi.speedup, color=colour, alpha=0.15, linewidth=0)
+        ax.plot(ks, d.overall.value.speedup, marker="o", color=colour, linewidth=2,
+                label=f"{d.name}  c = {d.cost.c:.3f}" + (" (judged)" if d.judged else ""))
+    ax.axhline(1.0, color="grey", linewidth=1, linestyle=":")
+    ax.set(title="speedup vs K, every drafter (95% bands)", xlabel="draft length K", ylabel="speedup ×", xticks=ks)
+    ax.grid(alpha=0.3)
+    _legend(ax)
 
 
 def plot_batch(ax, report: Report) -> None:

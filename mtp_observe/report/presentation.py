@@ -213,26 +213,8 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
     if comparison is not None:
         return delta_tables(report, comparison)
     o, K, kb = report.overall, report.k, report.best_k
-    profiles = report.profiles
     rec = report.recording
-    shown = {c.name for c in rec.candidates} if rec is not None else set(profiles)  # `recorded` only where it means something
-    what_if = [i for i, p in enumerate(profiles) if p in shown] if int(report.manifest.get("schema_version", 1)) >= 2 else []
-    by_k = TextTable(
-        title="acceptance and projected speedup by K (token-weighted)",
-        columns=("K", "α_k", "A_k", "τ_sim(K)", "speedup", "τ(K) formula", *[f"τ_{profiles[i]} est" for i in what_if]),
-        rows=tuple(
-            (k_label(report, k), num(o.value.alpha[k - 1]), num(o.value.accept_rate[k - 1]),
-             cell(o, "tau_sim", k - 1), cell(o, "speedup", k - 1), cell(o, "tau", k - 1),
-             *[num(o.value.tau_profile[i, k - 1]) for i in what_if])
-            for k in range(1, K + 1)
-        ),
-        caption=f"{k_caption(report)}. α_k = accepted(k) / accepted(k-1); A_k = accepted(k) / evaluable(k); τ_sim = the simulated "
-                "decode of the recorded trajectory (the verdict's τ); speedup = τ_sim / (1 + K·c + v(K)); τ(K) formula = "
-                "1 + Σ A_k over every anchor, vLLM's mean-acceptance-length formula per position (bonus token included; not "
-                "what an engine counts, which is the mean acceptance length of the table below; higher than "
-                "τ_sim when acceptance comes in bursts); τ_S est = what-if estimate under sampling profile S "
-                "(the walk with S's acceptance probabilities)",
-    )
+    by_k = _by_k_table(report)
     tables = [by_k, engine_table(report)] + drafter_tables(report)
     if report.batch is not None:
         tables.append(batch_table(report))
@@ -241,17 +223,7 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
     tables += what_if_tables(report)
     tables += whatif_tables(report)
     if rec is not None and rec.checked:
-        tables.append(TextTable(
-            title=f"recording sampler ({rec.tokens:,} scored tokens): {rec.label}",
-            columns=("candidate", "support", "calibration", "z", "log-lik/token", "fits"),
-            rows=tuple((("→ " if c.name == rec.name else "") + c.name, num(c.support), "" if c.greedy else num(c.calibration),
-                        "" if c.greedy else num(c.z, 1, signed=True), num(c.log_likelihood), "yes" if c.fits else "no")
-                       for c in rec.candidates),
-            caption=f"support = recorded tokens the sampler can emit; calibration = Σ q(x) / Σ Σ q² (1 on the sampler's "
-                    f"own traffic, > 1 on greedy traffic, < 1 on foreign text); z its standard score. Fits: support >= "
-                    f"{rec.min_support:g} and calibration within {CALIBRATION_TOLERANCE:g} of 1 or |z| <= {Z_MAX:g}; "
-                    "→ the recording sampler: declared, else the likeliest that fits",
-        ))
+        tables.append(_recording_table(rec))
     sw = o.session_weighted
     tables.append(TextTable(
         title=f"session-weighted (mean over {plural(o.sessions, 'session')})",
@@ -294,6 +266,48 @@ def report_tables(report: Report, comparison: Comparison | None = None) -> list[
         caption="every session is in --format json" if shown else "",
     ))
     return tables
+
+
+def _by_k_table(report: Report) -> TextTable:
+    """Acceptance and the projected speedup by K, with the what-if τ of each profile the recording sampler check
+    names (every profile when it did not run; none in a version-1 run)."""
+    o, K = report.overall, report.k
+    profiles = report.profiles
+    rec = report.recording
+    shown = {c.name for c in rec.candidates} if rec is not None else set(profiles)  # `recorded` only where it means something
+    what_if = [i for i, p in enumerate(profiles) if p in shown] if int(report.manifest.get("schema_version", 1)) >= 2 else []
+    by_k = TextTable(
+        title="acceptance and projected speedup by K (token-weighted)",
+        columns=("K", "α_k", "A_k", "τ_sim(K)", "speedup", "τ(K) formula", *[f"τ_{profiles[i]} est" for i in what_if]),
+        rows=tuple(
+            (k_label(report, k), num(o.value.alpha[k - 1]), num(o.value.accept_rate[k - 1]),
+             cell(o, "tau_sim", k - 1), cell(o, "speedup", k - 1), cell(o, "tau", k - 1),
+             *[num(o.value.tau_profile[i, k - 1]) for i in what_if])
+            for k in range(1, K + 1)
+        ),
+        caption=f"{k_caption(report)}. α_k = accepted(k) / accepted(k-1); A_k = accepted(k) / evaluable(k); τ_sim = the simulated "
+                "decode of the recorded trajectory (the verdict's τ); speedup = τ_sim / (1 + K·c + v(K)); τ(K) formula = "
+                "1 + Σ A_k over every anchor, vLLM's mean-acceptance-length formula per position (bonus token included; not "
+                "what an engine counts, which is the mean acceptance length of the table below; higher than "
+                "τ_sim when acceptance comes in bursts); τ_S est = what-if estimate under sampling profile S "
+                "(the walk with S's acceptance probabilities)",
+    )
+    return by_k
+
+
+def _recording_table(rec) -> TextTable:
+    """The recording-sampler check: each candidate's support, calibration and z, the one that fits marked."""
+    return TextTable(
+        title=f"recording sampler ({rec.tokens:,} scored tokens): {rec.label}",
+        columns=("candidate", "support", "calibration", "z", "log-lik/token", "fits"),
+        rows=tuple((("→ " if c.name == rec.name else "") + c.name, num(c.support), "" if c.greedy else num(c.calibration),
+                    "" if c.greedy else num(c.z, 1, signed=True), num(c.log_likelihood), "yes" if c.fits else "no")
+                   for c in rec.candidates),
+        caption=f"support = recorded tokens the sampler can emit; calibration = Σ q(x) / Σ Σ q² (1 on the sampler's "
+                f"own traffic, > 1 on greedy traffic, < 1 on foreign text); z its standard score. Fits: support >= "
+                f"{rec.min_support:g} and calibration within {CALIBRATION_TOLERANCE:g} of 1 or |z| <= {Z_MAX:g}; "
+                "→ the recording sampler: declared, else the likeliest that fits",
+    )
 
 
 def engine_table(report: Report) -> TextTable:

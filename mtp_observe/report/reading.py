@@ -19,8 +19,9 @@ from .advice import DEFAULT_MIN_SESSIONS, FLOOR_MIN_SESSIONS
 from .baseline import Comparison, compare
 from .denominator import _finite, cost_table, drafter_table
 from .drafters import summarize_drafters
+from .manifest import run_drafters
 from .metrics import MIN_SUPPORT
-from .run import Run, load_run, newest_run, run_drafters
+from .run import Run, load_run, newest_run
 from .summary import Report, summarize, summarize_at_batch
 from .trees import summarize_trees
 from .verdict import Gate

@@ -31,7 +31,9 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from ..errors import OptionError, RunDirectoryError
-from ..run.tables import PART, SEGMENTS, _run_error, count_rows, has_column, read_dataset, read_manifest
+from ..run.readers import PART, _run_error, count_rows, has_column, read_dataset
+from ..run.tables import SEGMENTS, read_manifest
+from .manifest import check_whatifs, judged_drafter, run_draft_ks, run_drafters, run_notes, run_precisions
 
 FIT_STATS = ("support", "q", "q2", "var", "ll")
 # Rounding the replay can leave in a correct value: a float32 log-softmax of a near-certain token is
@@ -118,94 +120,28 @@ class Run:
         return self.version >= 2 and self.target_ran
 
 
-def run_drafters(manifest: dict) -> tuple[str, ...]:
-    """The drafters a run holds rows of, in run.json order (a run without `drafters` is an mtp-only run)."""
-    drafters = manifest.get("drafters")
-    return tuple(drafters) if isinstance(drafters, dict) and drafters else ("mtp",)
+@dataclass(frozen=True)
+class _Plan:
+    """What load_run reads, decided from run.json and the tables' columns before a row is read."""
+
+    path: Path
+    manifest: dict  # run.json as stored
+    k: int  # Kmax read: the run's, or the variant's depth
+    target_ran: bool
+    profiles: tuple[str, ...]  # () without a target
+    status: str
+    version: int  # schema_version
+    counts: dict  # run.json counts ({} when it holds none)
+    drafters: tuple[str, ...]  # every drafter of the run
+    chosen: str  # the drafter (or variant) whose rows are read
+    with_drafters: bool  # positions.parquet holds rows in blocks (a `drafter` column)
+    draft_ks: tuple[int, ...]  # the K' the chosen drafter's rows were drafted for
+    tree_rows: bool  # a tree's rows, with their tree_node
+    precision: str | None  # the what-if precision read (None: the head as served)
 
 
-def judged_drafter(manifest: dict, drafter: str | None = None) -> str:
-    """The drafter a report reads: --drafter NAME, else mtp when the run has it, else its first drafter."""
-    names = run_drafters(manifest)
-    if drafter is None:
-        return "mtp" if "mtp" in names else names[0]
-    if drafter not in names:
-        raise OptionError(f"--drafter {drafter}: the run has no rows of it; it has {', '.join(names)}")
-    return drafter
-
-
-def run_precisions(manifest: dict) -> tuple[str, ...]:
-    """The head precisions a run holds what-if rows of (run.json whatifs.head_precision; version 3)."""
-    whatifs = manifest.get("whatifs")
-    names = whatifs.get("head_precision") if isinstance(whatifs, dict) else None
-    return tuple(str(n) for n in names) if isinstance(names, list) else ()
-
-
-def run_thresholds(manifest: dict) -> tuple[float, ...]:
-    """The --draft-p-min thresholds of a run (run.json whatifs.draft_p_min; version 3), as check_whatifs passed them."""
-    whatifs = manifest.get("whatifs")
-    values = whatifs.get("draft_p_min") if isinstance(whatifs, dict) else None
-    return tuple(float(v) for v in values) if isinstance(values, list) else ()
-
-
-def check_whatifs(manifest_path: Path, manifest: dict) -> None:
-    """run.json `whatifs` as replay writes it: draft_p_min a list of distinct probabilities in [0, 1] (replay refuses
-    any other --draft-p-min), head_precision a list of known precisions; anything else is a damaged or hand-edited
-    run, refused naming the key and the value (a threshold of 1.5 would otherwise be reported as measured)."""
-    from ..model.formats import PRECISIONS
-
-    whatifs = manifest.get("whatifs")
-    if whatifs is None:
-        return
-    if not isinstance(whatifs, dict):
-        raise _run_error(manifest_path, f"whatifs is {whatifs!r}, not an object; the run directory is damaged or was "
-                                        "edited by hand: re-run replay")
-    values = whatifs.get("draft_p_min", [])
-    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0] \
-        if isinstance(values, list) else [values]
-    if bad or len(set(values)) != len(values):
-        what = f"holds {bad[0]!r}, not a probability in [0, 1]" if bad else "repeats a threshold"
-        raise _run_error(manifest_path, f"whatifs.draft_p_min {what}; replay writes only thresholds 0 to 1, each once, "
-                                        "so the run directory is damaged or was edited by hand: re-run replay "
-                                        "--draft-p-min with the thresholds wanted")
-    names = whatifs.get("head_precision", [])
-    unknown = [n for n in names if n not in PRECISIONS] if isinstance(names, list) else [names]
-    if unknown:
-        raise _run_error(manifest_path, f"whatifs.head_precision holds {unknown[0]!r}, not one of {', '.join(PRECISIONS)}; "
-                                        "the run directory is damaged or was edited by hand: re-run replay")
-
-
-def _draft_ks(manifest: dict, drafter: str, k: int) -> tuple[int, ...]:
-    entry = (manifest.get("drafters") or {}).get(drafter) or {}
-    ks = entry.get("draft_k") if isinstance(entry, dict) else None
-    return tuple(int(x) for x in ks) if isinstance(ks, list) and ks else (k,)
-
-
-def head_reading_note(manifest: dict, version: int) -> str | None:
-    """For a NextN head (DeepSeek-V3, GLM-4.5), which engine's reading the run replayed, or that a run older than
-    schema_version 3 recorded none; None for a Qwen head, which vLLM and SGLang read alike."""
-    from ..model.families import ENGINE_NAMES, FAMILIES
-
-    model_type = (manifest.get("model") or {}).get("model_type")
-    if model_type not in FAMILIES or FAMILIES[model_type].head != "nextn" or manifest.get("target_ran") is False:
-        return None
-    r = manifest.get("head_reading")
-    if not isinstance(r, dict):
-        return (f"schema_version {version} run: no head_reading recorded, so which engine's reading of the "
-                f"{model_type} head it replayed is unknown; re-run replay")
-    zero = "zeroed" if r.get("zero_position_0_embedding") else "kept"
-    engine = ENGINE_NAMES.get(r.get("engine"), r.get("engine"))
-    return (f"the {model_type} head replayed as {engine} {r.get('engine_version')} reads it: the embedding at "
-            f"position 0 {zero}, the {str(r.get('fed_back_state')).replace('_', '-')} state fed back (docs/nextn.md; "
-            "replay --head-reading for the other engine's)")
-
-
-def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, int] | None = None,
-             precision: str | None = None) -> Run:
-    """Read and check a run directory (the rows of one drafter: `judged_drafter`; or of one variant, (name, depth):
-    a tree's or the stepwise layer rule's block, version 3; with precision, the head's rows at that what-if
-    precision, version 3). Every inconsistency a reader would trip on is one RunDirectoryError."""
-    path = Path(path)
+def _plan(path: Path, drafter: str | None, variant: tuple[str, int] | None, precision: str | None) -> _Plan:
+    """run.json read and checked, and what load_run reads of the tables (an unknown --drafter or precision refused)."""
     manifest = read_manifest(path)
     check_whatifs(path / "run.json", manifest)
     precisions = run_precisions(manifest)
@@ -214,77 +150,71 @@ def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, i
                           "(replay --head-precision)")
     K = manifest["k"] if variant is None else int(variant[1])
     target_ran = manifest.get("target_ran", True) is not False
-    profiles = tuple(manifest.get("sampling", {})) if target_ran else ()
-    status = str(manifest.get("status", "unknown"))
     version = int(manifest["schema_version"])
-    counts = manifest.get("counts") if isinstance(manifest.get("counts"), dict) else {}
     drafters = run_drafters(manifest)
     chosen = judged_drafter(manifest, drafter) if variant is None else variant[0]
     positions_path = path / "positions.parquet"
-    # rows in blocks (drafters, or the head's variants beside mtp alone); a run of mtp alone without them has no column
-    with_drafters = drafters != ("mtp",) or (version >= 3 and has_column(positions_path, "drafter"))
-    draft_ks = _draft_ks(manifest, chosen, K) if variant is None else (K,)
-    tree_rows = variant is not None and has_column(positions_path, "tree_node") and chosen.startswith("tree:")
-    notes: list[str] = []
-    if status == "partial":
-        missing = (manifest.get("merged") or {}).get("missing") or {}
-        notes.append(f"a partial merge: {len(missing.get('shards') or [])} shard(s) and {len(missing.get('sessions') or [])} "
-                     "session(s) of the job are missing (run.json merged.missing); the report covers the sessions merged")
-    elif status != "complete":
-        notes.append(f"run status is {status!r}: the report covers the sessions written so far")
-    elif counts.get("sessions_ok") == 0 and isinstance(manifest.get("shard"), dict) and not counts.get("sessions_skipped"):
-        shard = manifest["shard"]
-        raise _run_error(path / "run.json", f"shard {shard.get('index')}/{shard.get('count')} owns none of the job's "
-                                            "sessions, so it holds nothing to report; merge it with the job's other "
-                                            "shards (mtp-observe merge SHARD... -o RUN) and report the merged run")
-    elif counts.get("sessions_ok") == 0:
-        raise _run_error(path / "run.json", f"the run replayed no session ({counts.get('sessions_skipped', 0)} skipped; "
-                                            "the reasons are under errors in run.json): there is nothing to report")
-    if version < 3 and variant is None:
-        notes.append(f"schema_version {version} run: no tree drafts and no layer rules (replay --tree; a head with "
-                     "several MTP layers); re-run replay for them")
-    if version < 2:
-        notes.append("schema_version 1 run: no recording-sampler sums, so only greedy traffic can be recognised "
-                     "(the on-policy rate); re-run replay for sampled traffic")
-        notes.append("schema_version 1 run: its profiles have no penalties or min-p, and no what-if estimates "
-                     "(they need the sampler sums); re-run replay for them")
-    reading_line = head_reading_note(manifest, version)
-    if reading_line is not None:
-        notes.append(reading_line)
-    if version < 3 and target_ran:
-        notes.append(f"a run written before schema_version 3 (it is {version}) records no serving numerics: a block-FP8 "
-                     "checkpoint was replayed weight-only (no W8A8 activations), top-k kept every tie at the k-th "
-                     "value and min-p applied at every draft position; re-run replay (--serve-device) for what vLLM "
-                     "runs on a GPU")
-    if version < 3 and "ngram" in drafters:
-        notes.append(f"a run written before schema_version 3 (it is {version}): its n-gram rows follow vLLM's V1 "
-                     "proposer (the earliest match, short or no drafts), not the V2 speculator vLLM 0.33 runs by "
-                     "default; re-run replay for that")
-    if not target_ran:
-        notes.append(f"a model-free replay ({', '.join(drafters)}): no target ran, so there is no p_accept, no on-policy "
-                     "rate, no recording-sampler check and no what-if; the rows compare drafts with the recorded tokens "
-                     "only (replay with mtp in --drafters for the rest)")
+    return _Plan(
+        path=path, manifest=manifest, k=K, target_ran=target_ran,
+        profiles=tuple(manifest.get("sampling", {})) if target_ran else (),
+        status=str(manifest.get("status", "unknown")), version=version,
+        counts=manifest.get("counts") if isinstance(manifest.get("counts"), dict) else {},
+        drafters=drafters, chosen=chosen,
+        # rows in blocks (drafters, or the head's variants beside mtp alone); a run of mtp alone without them has no column
+        with_drafters=drafters != ("mtp",) or (version >= 3 and has_column(positions_path, "drafter")),
+        draft_ks=run_draft_ks(manifest, chosen, K) if variant is None else (K,),
+        tree_rows=variant is not None and has_column(positions_path, "tree_node") and chosen.startswith("tree:"),
+        precision=precision,
+    )
 
-    # 1. positions.parquet -> arrays, sorted by (session, request, pos, depth); a session is (part, session_id). With
-    #    drafters: this drafter's rows drafted for Kmax (those for K' < Kmax give accepted lengths only, step 2)
+
+@dataclass(frozen=True)
+class _Positions:
+    """positions.parquet's rows of the plan's drafter, sorted by (session, request, pos, depth). R rows, P profiles."""
+
+    sessions: tuple[str, ...]  # what each session is called (_session_names)
+    session_keys: tuple[tuple[str, str], ...]  # (part, session_id) per session, in input order
+    segments: tuple[str, ...]  # segment names; segment indexes this
+    session: np.ndarray  # [R] int64
+    request: np.ndarray  # [R] int64
+    pos: np.ndarray  # [R] int64
+    depth: np.ndarray  # [R] int64
+    segment: np.ndarray  # [R] int64
+    match: np.ndarray  # [R] bool
+    accepted: np.ndarray  # [R] bool
+    draft_token: np.ndarray  # [R] int64
+    draft_len_rows: np.ndarray | None  # [R] int64  the rows' draft_len (None without the column, or for mtp)
+    confidence: np.ndarray | None  # [R] float64  draft_confidence (None without it)
+    on_policy: np.ndarray  # [R] float64
+    p_accept: np.ndarray  # [R, P] float64
+    tree_node: np.ndarray | None  # [R] int64  a tree's rows only
+    with_draft_len: bool  # the rows carry draft_len
+
+
+def _read_positions(plan: _Plan, notes: list[str]) -> _Positions:
+    """1. positions.parquet -> arrays, sorted by (session, request, pos, depth); a session is (part, session_id). With
+    drafters: this drafter's rows drafted for Kmax (those for K' < Kmax give accepted lengths only, step 2)."""
+    path, chosen, K, target_ran, profiles = plan.path, plan.chosen, plan.k, plan.target_ran, plan.profiles
     positions_path = path / "positions.parquet"
-    with_draft_len = with_drafters and chosen != "mtp" and has_column(positions_path, "draft_len")
+    with_draft_len = plan.with_drafters and chosen != "mtp" and has_column(positions_path, "draft_len")
     columns = ["session_id", "request", "pos", "depth", "segment", "draft_token", "actual_token", "match", "accepted",
                "draft_logprob"] + (["target_token", "target_logprob", "actual_logprob"] if target_ran else []) + \
               [f"p_accept_{p}" for p in profiles] + (["draft_len"] if with_draft_len else []) + \
-              (["tree_node"] if tree_rows else []) + [PART]
+              (["tree_node"] if plan.tree_rows else []) + [PART]
     confident = has_column(positions_path, "draft_confidence")
     columns += ["draft_confidence"] if confident else []
-    rows_filter = _variant(chosen, K) if with_drafters else None
+    rows_filter = _variant(chosen, K) if plan.with_drafters else None
     if has_column(positions_path, "head_precision"):  # the served head's rows, or one what-if precision's
-        which = pads.field("head_precision").is_null() if precision is None else pads.field("head_precision") == precision
+        which = (pads.field("head_precision").is_null() if plan.precision is None
+                 else pads.field("head_precision") == plan.precision)
         rows_filter = which if rows_filter is None else rows_filter & which
-    table = read_dataset(positions_path, columns, status, filter=rows_filter)
+    table = read_dataset(positions_path, columns, plan.status, filter=rows_filter)
     if table.num_rows == 0:
-        raise _run_error(positions_path, "has no rows" + (f" of drafter {chosen}" if with_drafters else "") +
+        raise _run_error(positions_path, "has no rows" + (f" of drafter {chosen}" if plan.with_drafters else "") +
                          ": the run scored no assistant tokens, so there is nothing to report")
     session_codes, session_keys = _session_keys(table)
-    session_codes, session_keys = _canonical_order(session_codes, session_keys, path, status, version, manifest, notes)
+    session_codes, session_keys = _canonical_order(session_codes, session_keys, path, plan.status, plan.version,
+                                                   plan.manifest, notes)
     sessions = _session_names(session_keys, notes)
     _check_ranges(table, profiles, positions_path, model_free=chosen != "mtp")
     segment_col = table.column("segment").to_pandas().astype("category")
@@ -300,22 +230,56 @@ def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, i
     session, request, pos, depth = session[order], request[order], pos[order], depth[order]
     segment = segment_codes[order]
     del segment_col, segment_codes, session_codes
-    match, accepted = col("match", bool)[order], col("accepted", bool)[order]
-    draft_token = col("draft_token")[order]
-    draft_len_rows = col("draft_len")[order] if with_draft_len else None
-    confidence = col("draft_confidence", np.float64)[order] if confident else None
-    on_policy = ((col("actual_token")[order] == col("target_token")[order]).astype(np.float64) if target_ran
-                 else np.full(len(order), np.nan))
-    p_accept = np.stack([col(f"p_accept_{p}", np.float64)[order] for p in profiles], axis=1) if profiles \
-        else np.zeros((len(order), 0))
-    tree_node = table.column("tree_node").fill_null(-3).to_numpy(zero_copy_only=False).astype(np.int64)[order] \
-        if tree_rows else None
-    del table, order  # the arrays hold what the report reads: the Arrow buffers can go
+    read = _Positions(
+        sessions=sessions, session_keys=session_keys, segments=segments, session=session, request=request, pos=pos,
+        depth=depth, segment=segment, match=col("match", bool)[order], accepted=col("accepted", bool)[order],
+        draft_token=col("draft_token")[order],
+        draft_len_rows=col("draft_len")[order] if with_draft_len else None,
+        confidence=col("draft_confidence", np.float64)[order] if confident else None,
+        on_policy=((col("actual_token")[order] == col("target_token")[order]).astype(np.float64) if target_ran
+                   else np.full(len(order), np.nan)),
+        p_accept=np.stack([col(f"p_accept_{p}", np.float64)[order] for p in profiles], axis=1) if profiles
+        else np.zeros((len(order), 0)),
+        tree_node=table.column("tree_node").fill_null(-3).to_numpy(zero_copy_only=False).astype(np.int64)[order]
+        if plan.tree_rows else None,
+        with_draft_len=with_draft_len,
+    )
+    del table, order, col  # the arrays hold what the report reads: the Arrow buffers can go
     pa.default_memory_pool().release_unused()
     if (segment < 0).any():
         bad = int(np.flatnonzero(segment < 0)[0])
         raise _run_error(positions_path, f"session {sessions[session[bad]]} request {request[bad]} pos {pos[bad]} depth "
                          f"{depth[bad]} has no segment; the file is corrupt, re-run replay")
+    return read
+
+
+def _by_k(plan: _Plan, rows: _Positions, spans: "Spans", accepted_len: np.ndarray, draft_len: np.ndarray | None,
+          requests_path: Path) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """([A, K] accepted lengths, [A, K] draft lengths) of the drafts made for every K' = 1..K by a per-K drafter
+    (suffix, the hybrids; the same anchors), or (None, None) for a drafter whose draft at K' is its Kmax draft cut."""
+    K, chosen, draft_ks = plan.k, plan.chosen, plan.draft_ks
+    if len(draft_ks) <= 1:
+        return None, None
+    if sorted(draft_ks) != list(range(1, K + 1)):
+        raise _run_error(plan.path / "run.json", f"drafters.{chosen}.draft_k is {list(draft_ks)}, expected [1, .., {K}] "
+                                                 f"or [{K}]; the run directory is inconsistent")
+    by_k = [(accepted_len, draft_len) if kk == K else _accepted_at(
+        plan.path / "positions.parquet", plan.status, chosen, kk, rows.session_keys, spans, rows.sessions, requests_path,
+        rows.with_draft_len)
+        for kk in range(1, K + 1)]
+    return np.stack([a for a, _ in by_k], axis=1), np.stack([d for _, d in by_k], axis=1)
+
+
+def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, int] | None = None,
+             precision: str | None = None) -> Run:
+    """Read and check a run directory (the rows of one drafter: `judged_drafter`; or of one variant, (name, depth):
+    a tree's or the stepwise layer rule's block, version 3; with precision, the head's rows at that what-if
+    precision, version 3). Every inconsistency a reader would trip on is one RunDirectoryError."""
+    plan = _plan(Path(path), drafter, variant, precision)
+    path, K, chosen, version, status = plan.path, plan.k, plan.chosen, plan.version, plan.status
+    notes = run_notes(path, plan.manifest, variant)
+    rows = _read_positions(plan, notes)
+    positions_path = path / "positions.parquet"
 
     # 2. per draft length K' (one, Kmax, for mtp): the rows of one anchor are depths 1..m, contiguous;
     #    accepted(k) = match(k) and accepted(k-1); every anchor in exactly one span with rows at depths 1..min(K', e-p)
@@ -323,40 +287,34 @@ def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, i
     with_loop = version >= 2 and has_column(requests_path, "speculative")
     req = read_dataset(requests_path, ["session_id", "request", "n_tokens", "spans", PART]
                        + (["fit", "recorded_sampling"] if version >= 2 else []) + (["speculative"] if with_loop else []), status)
-    spans = _flatten_spans(req, session_keys, sessions, requests_path, notes, profiles, read_fit=version >= 2 and target_ran)
-    on_path, anchor, accepted_len, span_index = _chains(K, session, request, pos, depth, match, accepted, spans, sessions,
-                                                        positions_path, requests_path)
+    spans = _flatten_spans(req, rows.session_keys, rows.sessions, requests_path, notes, plan.profiles,
+                           read_fit=version >= 2 and plan.target_ran)
+    on_path, anchor, accepted_len, span_index = _chains(K, rows.session, rows.request, rows.pos, rows.depth, rows.match,
+                                                        rows.accepted, spans, rows.sessions, positions_path, requests_path)
     if status == "complete" and precision is None:
-        _check_counts(path / "run.json", counts, req, int((depth == 1).sum()), count_rows(positions_path),
+        _check_counts(path / "run.json", plan.counts, req, int((rows.depth == 1).sum()), count_rows(positions_path),
                       requests_path, positions_path)
-    accepted_len_by_k = draft_len_by_k = None
-    draft_len = None if chosen == "mtp" else _draft_lengths(draft_len_rows, depth, anchor, draft_token, K, positions_path)
-    if chosen != "mtp" and not with_draft_len:
+    draft_len = None if chosen == "mtp" else _draft_lengths(rows.draft_len_rows, rows.depth, anchor, rows.draft_token, K,
+                                                            positions_path)
+    if chosen != "mtp" and not rows.with_draft_len:
         notes.append(f"{chosen}'s drafts have no recorded lengths (a run written before schema_version 3): a draft is "
                      "taken to end at the end of its turn, so the engine-counted draft tokens at a turn's last steps are "
                      "a lower bound")
-    if len(draft_ks) > 1:  # a per-K drafter: the accepted length of the draft made for every K' (same anchors)
-        if sorted(draft_ks) != list(range(1, K + 1)):
-            raise _run_error(path / "run.json", f"drafters.{chosen}.draft_k is {list(draft_ks)}, expected [1, .., {K}] or "
-                                                f"[{K}]; the run directory is inconsistent")
-        by_k = [(accepted_len, draft_len) if kk == K else _accepted_at(
-            positions_path, status, chosen, kk, session_keys, spans, sessions, requests_path, with_draft_len)
-            for kk in range(1, K + 1)]
-        accepted_len_by_k = np.stack([a for a, _ in by_k], axis=1)
-        draft_len_by_k = np.stack([d for _, d in by_k], axis=1)
-    rows = Rows(
-        session=session, request=request, pos=pos, depth=depth, segment=segment,
-        turn=spans.turn[span_index][anchor], accepted=accepted, on_path=on_path, on_policy=on_policy,
-        p_accept=p_accept, draft_token=draft_token, anchor=anchor, tree_node=tree_node, confidence=confidence,
+    accepted_len_by_k, draft_len_by_k = _by_k(plan, rows, spans, accepted_len, draft_len, requests_path)
+    checked = Rows(
+        session=rows.session, request=rows.request, pos=rows.pos, depth=rows.depth, segment=rows.segment,
+        turn=spans.turn[span_index][anchor], accepted=rows.accepted, on_path=on_path, on_policy=rows.on_policy,
+        p_accept=rows.p_accept, draft_token=rows.draft_token, anchor=anchor, tree_node=rows.tree_node,
+        confidence=rows.confidence,
     )
-    own, longest = _session_facts(req, session_keys, version)
-    loop = _loop_steps(req, session_keys, sessions, spans, requests_path) if with_loop else None
-    return Run(path=path, manifest=manifest, k=K, profiles=profiles, sessions=sessions, segments=segments,
-               session_keys=session_keys, rows=rows, spans=spans, accepted_len=accepted_len, notes=tuple(notes),
-               version=version, own_sampler=own, longest=longest, loop=loop, drafter=chosen, drafters=drafters,
-               target_ran=target_ran, accepted_len_by_k=accepted_len_by_k, draft_len=draft_len,
-               draft_len_by_k=draft_len_by_k, precision=precision)
-
+    own, longest = _session_facts(req, rows.session_keys, version)
+    loop = _loop_steps(req, rows.session_keys, rows.sessions, spans, requests_path) if with_loop else None
+    return Run(path=path, manifest=plan.manifest, k=K, profiles=plan.profiles, sessions=rows.sessions,
+               segments=rows.segments, session_keys=rows.session_keys, rows=checked, spans=spans,
+               accepted_len=accepted_len, notes=tuple(notes), version=version, own_sampler=own, longest=longest,
+               loop=loop, drafter=chosen, drafters=plan.drafters, target_ran=plan.target_ran,
+               accepted_len_by_k=accepted_len_by_k, draft_len=draft_len, draft_len_by_k=draft_len_by_k,
+               precision=precision)
 
 
 def _canonical_order(codes: np.ndarray, keys: tuple, path: Path, status: str, version: int, manifest: dict,

@@ -136,21 +136,10 @@ def summarize(
     context = sliced(context_bin(r.pos), [name for _, _, name in CONTEXT_BINS], context_bin(run.spans.start))
 
     # 3. By turn index: point estimates; each (session, turn) is one span, so the per-span counts are per pair.
-    per_span = all_span.take((slice(None), 0))
-    turns = tuple(
-        _slice(str(int(t)), per_span.take(np.flatnonzero(run.spans.turn == t)), per_span.take(np.flatnonzero(run.spans.turn == t)),
-               cost, Resampling("none", None, None), level)
-        for t in np.unique(run.spans.turn) if per_span.evaluable[run.spans.turn == t, 0].sum() > 0
-    )
+    turns = _by_turn(run, all_span.take((slice(None), 0)), cost, level)
 
     # 4. Per session: its own rates (no interval).
-    per_session = all_session.take((slice(None), 0))
-    session_rates = rates(per_session, cost.c, cost.verify_extra)
-    sessions = tuple(
-        Slice(name=run.sessions[s], anchors=int(per_session.evaluable[s, 0]), sessions=1,
-              value=session_rates.map(lambda a, s=s: a[s]), session_weighted=None, lo=None, hi=None, replicates=None)
-        for s in range(S)
-    )
+    sessions = _by_session(run, all_session.take((slice(None), 0)), cost)
 
     # 5. The recording sampler, the best K (by τ_sim's speedup) and the verdict.
     recording = recording_sampler(run, overall.value, recorded_with, min_support)
@@ -164,6 +153,25 @@ def summarize(
         best_k=k, verdict=verdict, notes=tuple(notes), context=context, recording=recording, resampling=plan,
         speculative=speculative_checks(run, steps),
         drafter=run.drafter, facts=facts,
+    )
+
+
+def _by_turn(run: Run, per_span: Counts, cost: Cost, level: float) -> tuple[Slice, ...]:
+    """By turn index: point estimates; each (session, turn) is one span, so the per-span counts are per pair."""
+    return tuple(
+        _slice(str(int(t)), per_span.take(np.flatnonzero(run.spans.turn == t)), per_span.take(np.flatnonzero(run.spans.turn == t)),
+               cost, Resampling("none", None, None), level)
+        for t in np.unique(run.spans.turn) if per_span.evaluable[run.spans.turn == t, 0].sum() > 0
+    )
+
+
+def _by_session(run: Run, per_session: Counts, cost: Cost) -> tuple[Slice, ...]:
+    """Per session: its own rates (no interval)."""
+    session_rates = rates(per_session, cost.c, cost.verify_extra)
+    return tuple(
+        Slice(name=run.sessions[s], anchors=int(per_session.evaluable[s, 0]), sessions=1,
+              value=session_rates.map(lambda a, s=s: a[s]), session_weighted=None, lo=None, hi=None, replicates=None)
+        for s in range(len(run.sessions))
     )
 
 

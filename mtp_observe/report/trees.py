@@ -192,15 +192,7 @@ def summarize_trees(report: Report, run: Run, table: CostTable, **options) -> Re
         d_lo, d_hi = _interval(rep - chain_at(chain_rep) if rep is not None and chain_rep is not None else None, level)
         ours, theirs = tree_run.accepted_len, np.minimum(chain_run.accepted_len, S)
         fewer = np.flatnonzero(ours < theirs)
-        why = dict.fromkeys(TREE_NODE_WHY.values(), 0)
-        if fewer.size and tree_run.rows.tree_node is not None:
-            r = tree_run.rows
-            first_row = np.flatnonzero(r.depth == 1)  # rows of an anchor are contiguous, depth 1 first
-            at = first_row[fewer] + ours[fewer]  # the row at depth accepted + 1, where the walk stops
-            for status in r.tree_node[at]:
-                key = TREE_NODE_WHY.get(int(status))
-                if key is not None:
-                    why[key] += 1
+        why = _fewer_why(tree_run, fewer, ours)
         summaries.append(TreeSummary(
             name=name, steps=S, topk=int(tree["topk"]), draft_tokens=int(tree["draft_tokens"]),
             attention=str(tree.get("attention", "slot")), report=tree_report, batch=tuple(times.batch), by_batch=value,
@@ -208,48 +200,77 @@ def summarize_trees(report: Report, run: Run, table: CostTable, **options) -> Re
             anchors=int(len(ours)), fewer=int(fewer.size), more=int((ours > theirs).sum()), fewer_why=why,
             draft_width=times.draft_width_source(int(tree["topk"]))))
 
-    configurations = []
-    if summaries:
-        chain_lo, chain_hi = _interval(chain_rep, level)
-        for i, B in enumerate(times.batch):
-            best = [("chain", k, k, 1, k + 1, float(chain_value[i, k - 1]),
-                     None if chain_lo is None else float(chain_lo[i, k - 1]),
-                     None if chain_hi is None else float(chain_hi[i, k - 1])) for k in range(1, chain_value.shape[1] + 1)]
-            best += [(t.name, 0, t.steps, t.topk, t.draft_tokens, float(t.by_batch[i]),
-                      None if t.by_batch_lo is None else float(t.by_batch_lo[i]),
-                      None if t.by_batch_hi is None else float(t.by_batch_hi[i])) for t in summaries]
-            finite = [x for x in best if np.isfinite(x[5])]
-            top = max(finite, key=lambda x: x[5]) if finite else None
-            if top is None or not top[5] > 1.0:
-                configurations.append(Configuration(B, "none", 0, 0, 0, 0, 1.0, None, None))
-            else:
-                configurations.append(Configuration(B, *top))
-
-    layer_rules = []
-    if rules:
-        for rule in rules:
-            if rule["rule"] == "layer0":
-                layer_rules.append(LayerRule("layer0", "mtp", LAYER_RULE_TEXT["layer0"], chain.k, chain.overall,
-                                             chain.best_k))
-            else:
-                k = int(rule["k"])
-                cost = chain.cost
-                stepwise = summarize(load_run(run.path, variant=(rule.get("drafter", STEPWISE), k)),
-                                     replace(cost, verify_extra=np.asarray(cost.verify_extra)[:k]), **options)
-                layer_rules.append(LayerRule(rule["rule"], rule.get("drafter", STEPWISE),
-                                             LAYER_RULE_TEXT.get(rule["rule"], rule["rule"]), k, stepwise.overall,
-                                             stepwise.best_k))
-    notes = list(report.notes)
-    if summaries:
-        interpolated = sorted({t.topk for t in summaries if t.draft_width == "interpolated"})
-        if interpolated:
-            notes.append(f"trees: the draft step over {', '.join(map(str, interpolated))} tokens per sequence is the "
-                         "cost table's draft step at batch B·TOPK, interpolated; `mtp-observe probe --tree S,TOPK,T` "
-                         "measures it")
-        one = sorted({t.topk for t in summaries if t.draft_width == "one token"})
-        if one:
-            notes.append(f"trees: the cost has batch 1 only, so a draft step over {', '.join(map(str, one))} tokens per "
-                         "sequence is taken as one over a single token (memory-bound); `mtp-observe probe --tree "
-                         "S,TOPK,T` measures it")
+    configurations = _configurations(summaries, chain_value, chain_rep, times, level) if summaries else []
+    layer_rules = _layer_rules(rules, chain, run, options)
+    notes = list(report.notes) + (_cost_notes(summaries) if summaries else [])
     return replace(report, trees=tuple(summaries), configurations=tuple(configurations), layer_rules=tuple(layer_rules),
                    notes=tuple(notes))
+
+
+def _fewer_why(tree_run: Run, fewer: np.ndarray, ours: np.ndarray) -> dict[str, int]:
+    """Why the tree accepted fewer tokens than the chain at the anchors `fewer`: the tree_node at the depth where the
+    tree's walk stops (accepted + 1), counted by TREE_NODE_WHY's reasons."""
+    why = dict.fromkeys(TREE_NODE_WHY.values(), 0)
+    if fewer.size and tree_run.rows.tree_node is not None:
+        r = tree_run.rows
+        first_row = np.flatnonzero(r.depth == 1)  # rows of an anchor are contiguous, depth 1 first
+        at = first_row[fewer] + ours[fewer]  # the row at depth accepted + 1, where the walk stops
+        for status in r.tree_node[at]:
+            key = TREE_NODE_WHY.get(int(status))
+            if key is not None:
+                why[key] += 1
+    return why
+
+
+def _configurations(summaries: list, chain_value: np.ndarray, chain_rep: np.ndarray | None, times, level: float) -> list:
+    """The best configuration per batch size (the chain at each K, or a tree), "none" when nothing beats 1.0."""
+    configurations = []
+    chain_lo, chain_hi = _interval(chain_rep, level)
+    for i, B in enumerate(times.batch):
+        best = [("chain", k, k, 1, k + 1, float(chain_value[i, k - 1]),
+                 None if chain_lo is None else float(chain_lo[i, k - 1]),
+                 None if chain_hi is None else float(chain_hi[i, k - 1])) for k in range(1, chain_value.shape[1] + 1)]
+        best += [(t.name, 0, t.steps, t.topk, t.draft_tokens, float(t.by_batch[i]),
+                  None if t.by_batch_lo is None else float(t.by_batch_lo[i]),
+                  None if t.by_batch_hi is None else float(t.by_batch_hi[i])) for t in summaries]
+        finite = [x for x in best if np.isfinite(x[5])]
+        top = max(finite, key=lambda x: x[5]) if finite else None
+        if top is None or not top[5] > 1.0:
+            configurations.append(Configuration(B, "none", 0, 0, 0, 0, 1.0, None, None))
+        else:
+            configurations.append(Configuration(B, *top))
+    return configurations
+
+
+def _layer_rules(rules: tuple, chain: Report, run: Run, options: dict) -> list:
+    """Each layer rule summarised: layer0 is the chain's own rows; stepwise its block of rows at its k."""
+    layer_rules = []
+    for rule in rules:
+        if rule["rule"] == "layer0":
+            layer_rules.append(LayerRule("layer0", "mtp", LAYER_RULE_TEXT["layer0"], chain.k, chain.overall,
+                                         chain.best_k))
+        else:
+            k = int(rule["k"])
+            cost = chain.cost
+            stepwise = summarize(load_run(run.path, variant=(rule.get("drafter", STEPWISE), k)),
+                                 replace(cost, verify_extra=np.asarray(cost.verify_extra)[:k]), **options)
+            layer_rules.append(LayerRule(rule["rule"], rule.get("drafter", STEPWISE),
+                                         LAYER_RULE_TEXT.get(rule["rule"], rule["rule"]), k, stepwise.overall,
+                                         stepwise.best_k))
+    return layer_rules
+
+
+def _cost_notes(summaries: list) -> list[str]:
+    """What the trees' draft-step cost was taken from, where the cost table did not measure it."""
+    notes = []
+    interpolated = sorted({t.topk for t in summaries if t.draft_width == "interpolated"})
+    if interpolated:
+        notes.append(f"trees: the draft step over {', '.join(map(str, interpolated))} tokens per sequence is the "
+                     "cost table's draft step at batch B·TOPK, interpolated; `mtp-observe probe --tree S,TOPK,T` "
+                     "measures it")
+    one = sorted({t.topk for t in summaries if t.draft_width == "one token"})
+    if one:
+        notes.append(f"trees: the cost has batch 1 only, so a draft step over {', '.join(map(str, one))} tokens per "
+                     "sequence is taken as one over a single token (memory-bound); `mtp-observe probe --tree "
+                     "S,TOPK,T` measures it")
+    return notes

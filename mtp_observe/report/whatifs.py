@@ -38,8 +38,9 @@ import numpy as np
 
 from ..cost.speedup import best_k, speedup_per_step
 from .denominator import CostTable, precision_table
+from .manifest import run_precisions, run_thresholds
 from .metrics import decode_walk, percentile_interval, ratio, top_k
-from .run import Run, load_run, run_precisions, run_thresholds
+from .run import Run, load_run
 from .summary import Report, summarize
 from .tallies import Resampling
 

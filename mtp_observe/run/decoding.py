@@ -62,7 +62,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import OptionError
-from ..model.target import Distribution, PenaltyState, SamplingProfile, sampler_distribution
+from ..model.penalties import PenaltyState
+from ..model.target import Distribution, SamplingProfile, sampler_distribution
 
 MIN_PREFILL_CHUNK = 64  # a padded prefill chunk is never one token long (module docstring)
 

@@ -214,7 +214,7 @@ def complete_run_damage(out: Path, manifest: dict) -> str | None:
     column, its page checksums, the rows its spans imply), or parts whose sessions and rows are not run.json's counts
     (a part deleted or added) —, in words; None when every part is whole and the counts hold. What `replay --resume`
     of a complete run checks before it says there is nothing to do."""
-    from . import parts, tables
+    from . import entries, parts, tables
 
     draft_ks = row_draft_ks(manifest)
     damaged: list[str] = []
@@ -228,7 +228,7 @@ def complete_run_damage(out: Path, manifest: dict) -> str | None:
             for key in parts.COUNTED:
                 on_disk[key] += c[key]
     if damaged:
-        return (f"{len(damaged)} part(s) no longer read back whole ({tables.POSITIONS}/{damaged[0]}"
+        return (f"{len(damaged)} part(s) no longer read back whole ({entries.POSITIONS}/{damaged[0]}"
                 f"{', ...' if len(damaged) > 1 else ''})")
     counts = manifest.get("counts") or {}
     for key in ("sessions_ok",) + parts.COUNTED:
@@ -254,7 +254,7 @@ def start_manifest(out: Path, opts, info, identity: dict, bundled: bool, world: 
     from ..cost.inventory import take_inventory
     from ..errors import RunDirectoryError
     from ..model.weights import compare_copies
-    from . import tables
+    from . import entries, tables
 
     resumed = tables.prepare_run_directory(out, opts.resume, opts.overwrite)
     if resumed is not None:
@@ -270,7 +270,7 @@ def start_manifest(out: Path, opts, info, identity: dict, bundled: bool, world: 
                                          f"{'' if sessions == 1 else 's'} of these inputs); nothing to resume")
             if note is not None:
                 note(f"{out}: the run was complete but {damage}; recomputing the sessions it lost")
-        tables.remove_temporaries(out)
+        entries.remove_temporaries(out)
     from ..model.target import generation_config_profile
 
     generation = generation_config_profile(info.path if info is not None else model_dir)
@@ -310,7 +310,7 @@ def start_manifest(out: Path, opts, info, identity: dict, bundled: bool, world: 
         "errors": [],
         "resumed": (resumed or {}).get("resumed", []) + ([now()] if resumed else []),
     }
-    tables.write_json_atomic(out / tables.MANIFEST, manifest)
+    tables.write_json_atomic(out / entries.MANIFEST, manifest)
     return manifest
 
 
@@ -377,7 +377,7 @@ class Tally:
 def finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> None:
     """The final manifest: complete, or failed with the first failure. If the disk is full even for that, the
     running manifest stays (the run resumes) and a failed run's own error is what the user sees."""
-    from . import tables
+    from . import entries, tables
 
     counts = {key: sum(r.get("counts", {}).get(key, 0) for r in results) for key in COUNT_KEYS}
     counts.update({key: max(r.get("counts", {}).get(key, 0) for r in results) for key in MAX_KEYS})
@@ -410,8 +410,8 @@ def finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> No
             timing["drafting"] = drafting
         manifest.update(status="complete", finished=now(), timing=timing)
     try:
-        tables.write_json_atomic(out / tables.MANIFEST, manifest)
+        tables.write_json_atomic(out / entries.MANIFEST, manifest)
     except (OSError, RunDirectoryError) as e:
         if failures:
             return
-        raise e if isinstance(e, RunDirectoryError) else tables.cannot_write(out / tables.MANIFEST, e) from None
+        raise e if isinstance(e, RunDirectoryError) else tables.cannot_write(out / entries.MANIFEST, e) from None

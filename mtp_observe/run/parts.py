@@ -19,7 +19,7 @@ directory holding a file of another extension, so a temporary inside the directo
 Positions first, then requests: a part is finished once it is in both directories.
 
 Older runs (one session per part, temporaries `.part-....parquet.tmp-<pid>` inside the table
-directories) read as before: a part of one session is a group of one, and tables.remove_temporaries
+directories) read as before: a part of one session is a group of one, and entries.remove_temporaries
 and --overwrite handle both temporary names.
 
 Resume (`finished_sessions`). Every part present in both tables is read back whole (`read_part`:
@@ -41,7 +41,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import tables
+from . import entries, readers, tables
 
 GROUP_SESSIONS = 256  # sessions per part at most (replay --part-sessions): 100,000 sessions -> about 400 parts per table
 GROUP_ROWS = 2_000_000  # positions rows buffered at most (about 100 MB in memory at ~50 bytes a row)
@@ -55,7 +55,7 @@ def temporary_name(table: str, name: str) -> str:
 
 def write_group(run_dir: Path, name: str, positions: pa.Table, requests: pa.Table) -> None:
     """Both tables' part `name`, each atomically (temporary in run_dir, fsync, rename), positions first."""
-    for table, data in ((tables.POSITIONS, positions), (tables.REQUESTS, requests)):
+    for table, data in ((entries.POSITIONS, positions), (entries.REQUESTS, requests)):
         tables.write_part(data, run_dir / table, name, temporary=run_dir / temporary_name(table, name))
 
 
@@ -152,14 +152,14 @@ def read_part(run_dir: Path, name: str, k: int, draft_ks: list[int] | None = Non
     the pages' checksums verified where the part has them (tables.write_part writes them), and the rows its
     requests' spans imply. The check merge, --resume and a Ray job's end make, one part at a time."""
     try:
-        req = pq.read_table(Path(run_dir) / tables.REQUESTS / name, page_checksum_verification=True)
-        pos = pq.read_table(Path(run_dir) / tables.POSITIONS / name, page_checksum_verification=True)
+        req = pq.read_table(Path(run_dir) / entries.REQUESTS / name, page_checksum_verification=True)
+        pos = pq.read_table(Path(run_dir) / entries.POSITIONS / name, page_checksum_verification=True)
         for table in (req, pos):
             table.validate(full=True)  # offsets, lengths and UTF-8 of what was decoded
     except (OSError, pa.ArrowException) as e:
-        return None, f"cannot be read back ({tables._one_line(e)})"
-    for table, data, needed in ((tables.REQUESTS, req, ("session_id", "n_tokens", "spans")),
-                                (tables.POSITIONS, pos, ("session_id",))):
+        return None, f"cannot be read back ({readers._one_line(e)})"
+    for table, data, needed in ((entries.REQUESTS, req, ("session_id", "n_tokens", "spans")),
+                                (entries.POSITIONS, pos, ("session_id",))):
         absent = [c for c in needed if c not in data.column_names]
         if absent:
             return None, f"cannot be read back ({table} has no {absent[0]} column)"
@@ -173,7 +173,7 @@ def finished_sessions(run_dir: Path, k: int, draft_ks: list[int] | None = None, 
     named differently, and the orphan would otherwise add its rows twice."""
     out: dict[str, Finished] = {}
     done = tables.done_parts(run_dir)
-    for table in (tables.REQUESTS, tables.POSITIONS):
+    for table in (entries.REQUESTS, entries.POSITIONS):
         d = Path(run_dir) / table
         for p in (d.glob("part-*.parquet") if d.is_dir() else ()):
             if p.name not in done:
@@ -182,7 +182,7 @@ def finished_sessions(run_dir: Path, k: int, draft_ks: list[int] | None = None, 
         sessions, damaged = read_part(run_dir, name, k, draft_ks)
         if sessions is None:
             if on_damaged is not None:
-                on_damaged(Path(run_dir) / tables.POSITIONS / name, damaged)
+                on_damaged(Path(run_dir) / entries.POSITIONS / name, damaged)
             tables.remove_part(run_dir, name)
             continue
         for sid, counts in sessions.items():

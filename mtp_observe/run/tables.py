@@ -23,7 +23,10 @@ polars refuses a directory holding a file of another extension, so a temporary i
 break polars). Rows are grouped by session in input order and, within a session, sorted by
 (request, pos, depth) — by (drafter, draft_k, request, pos, depth) with drafters.
 
-This module imports no torch: the report reads through it.
+Its code is four modules, none importing torch (the report reads through them): schema.py the Parquet columns;
+tables.py (this one) the tables built from rows and written atomically, run.json read and written, the lock,
+--out checked (`prepare_run_directory`) and a resumed run's finished parts; entries.py the directory's entries
+(names, temporaries, what --overwrite removes); readers.py the tables read back.
 
 Schema history: version 2 added the recording-sampler sums (requests.parquet `fit`), the sampler
 each session was scored with (`recorded_sampling`), the profiles' penalties and min-p, the
@@ -225,7 +228,7 @@ requests.parquet columns added in version 2:
 generation config), tokenizer, k, dtype, device, sampling, inputs (path and sha256), options
 and the tool version all equal the interrupted run's.
 
-What this tool writes, and so all `--overwrite` removes (`prepare_run_directory`): run.json (an
+What this tool writes, and so all `--overwrite` removes (`prepare_run_directory`, entries.overwrite_plan): run.json (an
 mtp-observe manifest), its temporaries `.run.json.tmp-<pid>`, the parts' temporaries
 `.requests.parquet.part-<8 digits>.parquet.tmp-<pid>` / `.positions.parquet.part-....tmp-<pid>`,
 requests.parquet/ and positions.parquet/ holding only `part-<8 digits>[-r<rank>].parquet` (and,
@@ -249,96 +252,16 @@ import re
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from ..drafting.columns import NOT_A_TREE
 from ..errors import RunDirectoryError
+from .entries import LOCK, MANIFEST, POSITIONS, REQUESTS, is_manifest, overwrite_plan
+from .readers import _one_line, _run_error
+from .schema import REQUESTS_SCHEMA, ROUTING, fit_type, positions_schema, requests_schema
 
 SCHEMA_VERSION = 3
 SEGMENTS = ["reasoning", "text", "tool_call", "end"]
-
-REQUESTS_SCHEMA = pa.schema(
-    [
-        ("session_id", pa.string()),
-        ("request", pa.int32()),
-        ("input_ids", pa.list_(pa.int32())),
-        ("n_tokens", pa.int32()),
-        ("spans", pa.list_(pa.struct([("start", pa.int32()), ("end", pa.int32()), ("turn", pa.int32())]))),
-    ]
-)
-
-_POSITION_FIELDS = [
-    ("session_id", pa.string()),
-    ("request", pa.int32()),
-    ("turn", pa.int32()),
-    ("pos", pa.int32()),
-    ("depth", pa.int8()),
-    ("segment", pa.dictionary(pa.int8(), pa.string())),
-    ("draft_token", pa.int32()),
-    ("actual_token", pa.int32()),
-    ("target_token", pa.int32()),
-    ("match", pa.bool_()),
-    ("accepted", pa.bool_()),
-    ("draft_logprob", pa.float32()),
-    ("target_logprob", pa.float32()),
-    ("actual_logprob", pa.float32()),
-]
-
-
-FIT_STATISTICS = (("support", pa.int32()), ("q", pa.float64()), ("q2", pa.float64()), ("var", pa.float64()),
-                  ("ll", pa.float64()))
-ROUTING = pa.struct([("q_max", pa.int32()), ("layers", pa.int32()), ("experts", pa.int32()),
-                     ("windows", pa.list_(pa.int64())), ("hits", pa.list_(pa.int32()))])
-RECORDED_SAMPLING = pa.struct([("source", pa.string()), ("temperature", pa.float64()), ("top_p", pa.float64()),
-                               ("top_k", pa.int32()), ("min_p", pa.float64()), ("presence_penalty", pa.float64()),
-                               ("frequency_penalty", pa.float64()), ("repetition_penalty", pa.float64())])
-
-
-def fit_type(profiles: list[str]) -> pa.DataType:
-    """One span's recording-sampler sums: tokens, then support/q/q2/var/ll per profile."""
-    return pa.struct([("tokens", pa.int32())] + [(f"{stat}_{p}", t) for p in profiles for stat, t in FIT_STATISTICS])
-
-
-SPECULATIVE = pa.struct([("k", pa.int32()), ("anchors", pa.list_(pa.int32())), ("accepted", pa.list_(pa.int32()))])
-
-
-def requests_schema(profiles: list[str]) -> pa.Schema:
-    """requests.parquet's columns (version 3): REQUESTS_SCHEMA's, the fit sums per span, the recorded sampler, the
-    speculative loop's steps (null unless `generate --speculative` wrote the session), the session's input index."""
-    return pa.schema(list(REQUESTS_SCHEMA) + [("fit", pa.list_(fit_type(profiles))), ("recorded_sampling", RECORDED_SAMPLING),
-                                              ("speculative", SPECULATIVE), ("session_index", pa.int64())])
-
-
-TARGET_COLUMNS = ("target_token", "target_logprob", "actual_logprob")  # (and p_accept_*) absent without a target
-DRAFTER_FIELDS = [("drafter", pa.dictionary(pa.int8(), pa.string())), ("draft_k", pa.int8()), ("draft_len", pa.int8())]
-TREE_NODE = ("tree_node", pa.int8())  # version 3, runs with trees only (module docstring)
-
-
-WHATIF_FIELDS = {"head_precision": pa.dictionary(pa.int8(), pa.string()), "draft_confidence": pa.float64()}
-
-
-def positions_schema(profiles: list[str], drafters: bool = False, target: bool = True, trees: bool = False,
-                     precisions: bool = False, confidence: bool = False) -> pa.Schema:
-    """positions.parquet's columns: the fixed ones, then one float32 p_accept_<profile> per sampling profile.
-    drafters: with the `drafter` and `draft_k` columns (a run of other drafters than mtp alone, or with variants);
-    target False: without the target's columns (a model-free replay ran no target); trees: with `tree_node`;
-    precisions: with `head_precision` (`replay --head-precision`), confidence: with `draft_confidence`
-    (`replay --draft-p-min`), version 3."""
-    fields = list(_POSITION_FIELDS) + ([TREE_NODE] if trees else [])
-    if drafters:
-        at = [name for name, _ in fields].index("depth") + 1
-        fields = fields[:at] + DRAFTER_FIELDS + fields[at:]
-    if precisions:
-        at = [name for name, _ in fields].index("depth") + 1
-        fields = fields[:at] + [("head_precision", WHATIF_FIELDS["head_precision"])] + fields[at:]
-    if confidence:
-        at = [name for name, _ in fields].index("draft_logprob") + 1
-        fields = fields[:at] + [("draft_confidence", WHATIF_FIELDS["draft_confidence"])] + fields[at:]
-    if not target:
-        fields = [f for f in fields if f[0] not in TARGET_COLUMNS]
-        profiles = []
-    return pa.schema(fields + [(f"p_accept_{p}", pa.float32()) for p in profiles])
 
 
 def part_name(session_index: int, rank: int | None = None) -> str:
@@ -499,29 +422,7 @@ def positions_table(session_id: str, per_request: list[tuple[int, dict]], profil
 
 
 # ---------------------------------------------------------------------------------------------
-# The run directory on disk
-
-MANIFEST = "run.json"
-REQUESTS = "requests.parquet"
-POSITIONS = "positions.parquet"
-LOCK = ".mtp-observe.lock"
-_PART = re.compile(r"part-\d{8}(-r\d+)?\.parquet")
-_PART_TEMPORARY = re.compile(r"\.part-\d{8}(-r\d+)?\.parquet\.tmp-\d+")
-_MANIFEST_TEMPORARY = re.compile(r"\.run\.json\.tmp-\d+")
-_GROUP_TEMPORARY = re.compile(r"\.(requests|positions)\.parquet\.part-\d{8}(-r\d+)?\.parquet\.tmp-\d+")  # parts.py
-
-
-def _run_error(path: Path, what: str) -> RunDirectoryError:
-    return RunDirectoryError(f"{path}: {what}")
-
-
-def is_manifest(data) -> bool:
-    """run.json as this tool writes it: an object with tool.name "mtp-observe" and an integer schema_version."""
-    if not isinstance(data, dict):
-        return False
-    tool, version = data.get("tool"), data.get("schema_version")
-    return (isinstance(tool, dict) and tool.get("name") == "mtp-observe" and isinstance(version, int)
-            and not isinstance(version, bool))
+# run.json read back (its names and what --overwrite removes: entries.py)
 
 
 class _NotJsonConstant(ValueError):
@@ -572,11 +473,6 @@ def read_manifest(path: Path) -> dict:
     if not isinstance(sampling, dict) or not all(isinstance(p, str) and p for p in sampling):
         raise _run_error(manifest_path, "sampling is not an object of profile names; the run directory is damaged")
     return manifest
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 def _tool_version() -> str:
@@ -699,7 +595,7 @@ def prepare_run_directory(run_dir: Path, resume: bool, overwrite: bool, fix: str
     if resume:
         return read_manifest(run_dir)  # a complete one too: the replay checks it is this run and has nothing to do
     if overwrite:
-        files, directories = _overwrite_plan(run_dir)
+        files, directories = overwrite_plan(run_dir)
         for f in files:
             os.unlink(f)
         for d in directories:
@@ -714,44 +610,6 @@ class RunComplete(RunDirectoryError):
     returns the run as it is (exit 0, said); anywhere else it reads as the refusal it was before."""
 
 
-def _refuse(run_dir: Path, path: Path, what: str) -> RunDirectoryError:
-    return RunDirectoryError(f"{path}: {what}; refusing to overwrite {run_dir} (nothing was deleted) — "
-                             "move it away or choose another --out")
-
-
-def _overwrite_plan(run_dir: Path) -> tuple[list[Path], list[Path]]:
-    """(files to unlink, directories to remove after them): the run's own entries, every one checked first."""
-    files: list[Path] = []
-    directories: list[Path] = []
-    for entry in sorted(os.scandir(run_dir), key=lambda e: e.name):
-        path = Path(entry.path)
-        if entry.name == LOCK:
-            continue  # ours, held: released when the replay ends
-        if entry.is_symlink():
-            raise _refuse(run_dir, path, "is a symbolic link, which a run never writes")
-        if entry.name in (REQUESTS, POSITIONS) and entry.is_dir(follow_symlinks=False):
-            for part in sorted(os.scandir(path), key=lambda e: e.name):
-                if part.is_symlink():
-                    raise _refuse(run_dir, Path(part.path), "is a symbolic link, which a run never writes")
-                if not (part.is_file(follow_symlinks=False) and (_PART.fullmatch(part.name) or _PART_TEMPORARY.fullmatch(part.name))):
-                    raise _refuse(run_dir, Path(part.path), "is not a part this tool writes")
-                files.append(Path(part.path))
-            directories.append(path)
-        elif entry.is_file(follow_symlinks=False) and (entry.name == MANIFEST or _MANIFEST_TEMPORARY.fullmatch(entry.name)
-                                                       or _GROUP_TEMPORARY.fullmatch(entry.name)):
-            files.append(path)
-        else:
-            raise _refuse(run_dir, path, "is not something a run writes")
-    try:
-        manifest = json.loads((run_dir / MANIFEST).read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        manifest = None
-    if not is_manifest(manifest):
-        raise _refuse(run_dir, run_dir / MANIFEST, "is missing or not an mtp-observe manifest (tool.name "
-                                                   "'mtp-observe', an integer schema_version)")
-    return files, directories
-
-
 # ---------------------------------------------------------------------------------------------
 # Finished sessions of a run being resumed
 
@@ -763,20 +621,6 @@ def done_parts(run_dir: Path) -> set[str]:
         d = Path(run_dir) / table
         names.append({p.name for p in d.glob("part-*.parquet")} if d.is_dir() else set())
     return names[0] & names[1]
-
-
-def remove_temporaries(run_dir: Path) -> None:
-    """Half-written parts of a killed run (dot-prefixed temporary names, in the run directory and, from runs
-    written before grouping, in the table directories; a link is unlinked, never followed)."""
-    for p in Path(run_dir).iterdir():
-        if _GROUP_TEMPORARY.fullmatch(p.name):
-            p.unlink()
-    for table in (REQUESTS, POSITIONS):
-        d = Path(run_dir) / table
-        if d.is_dir():
-            for p in d.iterdir():
-                if _PART_TEMPORARY.fullmatch(p.name):
-                    p.unlink()
 
 
 def remove_part(run_dir: Path, name: str) -> None:
@@ -800,49 +644,3 @@ def part_requests(run_dir: Path, name: str, session_id: str | None = None) -> li
         out.append((ids, spans.reshape(-1, 2)))
     return out
 
-
-# ---------------------------------------------------------------------------------------------
-# Reading the tables back (the report, the heatmap and the cost table read through these)
-
-
-PART = "__part"  # a column read_dataset adds on request: each row's part file name ("" for a single-file table)
-
-
-def read_dataset(path: Path, columns: list[str], status: str, filter=None) -> pa.Table:
-    """A Parquet dataset path (one file or a directory of parts; dot-prefixed files are skipped). The column
-    PART, when asked for, is a dictionary column of the part file names, read as the scanner's fragment index."""
-    if not path.exists():
-        raise _run_error(path, "missing; the run directory is incomplete (re-run `mtp-observe replay`)")
-    try:
-        dataset = pads.dataset(str(path), format="parquet")
-        if not dataset.files:
-            raise _run_error(path, f"holds no Parquet parts (run status: {status}); nothing has been written yet")
-        missing = [c for c in columns if c not in dataset.schema.names and c != PART]
-        if missing:
-            raise _run_error(path, f"has no column(s) {', '.join(missing)}; it was not written with this run's "
-                                   "schema (re-run replay)")
-        if PART not in columns:
-            return dataset.to_table(columns=columns, filter=filter)
-        table = dataset.to_table(columns=[c if c != PART else "__fragment_index" for c in columns], filter=filter)
-        names = [Path(f).name for f in dataset.files] if path.is_dir() else [""] * len(dataset.files)
-        index = table.column("__fragment_index").combine_chunks()
-        parts = pa.DictionaryArray.from_arrays(index, pa.array(names, pa.string()))
-        return table.set_column(table.schema.get_field_index("__fragment_index"), PART, parts)
-    except (pa.ArrowException, OSError) as e:
-        raise _run_error(path, f"cannot be read as Parquet ({_one_line(e)}); the run directory is damaged") from None
-
-
-def count_rows(path: Path) -> int:
-    """Rows of a Parquet dataset (every drafter's), from the files' metadata."""
-    try:
-        return int(pads.dataset(str(path), format="parquet").count_rows())
-    except (pa.ArrowException, OSError) as e:
-        raise _run_error(path, f"cannot be read as Parquet ({_one_line(e)}); the run directory is damaged") from None
-
-
-def has_column(path: Path, name: str) -> bool:
-    """Whether a Parquet dataset path has a column (False where it cannot be read: read_dataset says why)."""
-    try:
-        return name in pads.dataset(str(path), format="parquet").schema.names
-    except (pa.ArrowException, OSError):
-        return False

@@ -497,68 +497,89 @@ def append(t, token):
         n = ring[slot]
         child = child_of(t, n, token)
         if child == -1:
-            if node[n, COUNT] == 1 and n != ROOT:
-                # 1a: only this suffix passes here, a leaf: it grows by the token
-                nset(t, n, LENGTH, node[n, LENGTH] + 1)
-                nset(t, n, REF, seq_end - node[n, LENGTH])
-            else:
-                # 1b: a new leaf child, last among its siblings
-                c = _new_node(t, 1, token, 1, at)
-                node[c, PARENT] = n
-                map_insert(t, n, token, c)
-                nset(t, n, NCHILD, node[n, NCHILD] + 1)
-                if node[n, NCHILD] == 1:
-                    nset(t, n, HEAD, c)
-                    nset(t, n, TAIL, c)
-                    node[c, GROUP] = _new_group(t, c)
-                else:
-                    _insert_after(t, c, node[n, TAIL])
-                rset(t, slot, c)
+            _append_new(t, slot, n, token, at, seq_end)
         elif node[n, COUNT] == node[child, COUNT] + 1 and n != ROOT:
-            # 2: every other suffix through n goes on into child
-            if node[child, LENGTH] == 1:
-                # 2a: n and child become one node
-                nset(t, child, COUNT, node[child, COUNT] + 1)
-                nset(t, child, TOKEN, node[n, TOKEN])
-                nset(t, child, LENGTH, node[n, LENGTH] + 1)
-                nset(t, child, REF, seq_end - node[child, LENGTH])
-                nset(t, child, PARENT, node[n, PARENT])
-                _replace_in_siblings(t, n, child)
-                map_set(t, node[n, PARENT], node[child, TOKEN], child)
-                map_erase(t, n, token)  # n is gone (C++ frees it with its children map)
-                rset(t, slot, child)
-            else:
-                # 2b: n grows by the child's first token
-                nset(t, n, LENGTH, node[n, LENGTH] + 1)
-                nset(t, n, REF, seq_end - node[n, LENGTH])
-                nset(t, child, LENGTH, node[child, LENGTH] - 1)
-                nset(t, child, REF, node[child, REF] + 1)
-                nset(t, child, TOKEN, buf[node[child, REF]])
-                if node[child, TOKEN] != token:
-                    map_erase(t, n, token)
-                    map_insert(t, n, node[child, TOKEN], child)
+            _append_through(t, slot, n, child, token, seq_end)
         else:
-            # 3: the suffix moves into child
-            if node[child, LENGTH] == 1:
-                _increment_count(t, child)  # 3a
-                rset(t, slot, child)
-            else:
-                # 3b: child splits after its first token
-                m = _new_node(t, node[child, COUNT], token, 1, at)
-                node[m, PARENT] = n
-                _replace_in_siblings(t, child, m)
-                map_set(t, n, token, m)
-                nset(t, child, LENGTH, node[child, LENGTH] - 1)
-                nset(t, child, REF, node[child, REF] + 1)
-                nset(t, child, TOKEN, buf[node[child, REF]])
-                map_insert(t, m, node[child, TOKEN], child)
-                node[m, NCHILD] = 1
-                nset(t, child, PARENT, m)
-                node[m, HEAD] = child
-                node[m, TAIL] = child
-                nset(t, child, GROUP, _new_group(t, child))
-                _increment_count(t, m)
-                rset(t, slot, m)
+            _append_into(t, slot, n, child, token, at)
+
+
+@compiled_inline
+def _append_new(t, slot, n, token, at, seq_end):
+    """append's case 1, for the active suffix at ring slot `slot` (node n): no child of n starts with the token."""
+    node = t[0]
+    if node[n, COUNT] == 1 and n != ROOT:
+        # 1a: only this suffix passes here, a leaf: it grows by the token
+        nset(t, n, LENGTH, node[n, LENGTH] + 1)
+        nset(t, n, REF, seq_end - node[n, LENGTH])
+    else:
+        # 1b: a new leaf child, last among its siblings
+        c = _new_node(t, 1, token, 1, at)
+        node[c, PARENT] = n
+        map_insert(t, n, token, c)
+        nset(t, n, NCHILD, node[n, NCHILD] + 1)
+        if node[n, NCHILD] == 1:
+            nset(t, n, HEAD, c)
+            nset(t, n, TAIL, c)
+            node[c, GROUP] = _new_group(t, c)
+        else:
+            _insert_after(t, c, node[n, TAIL])
+        rset(t, slot, c)
+
+
+@compiled_inline
+def _append_through(t, slot, n, child, token, seq_end):
+    """append's case 2: every other suffix through n goes on into child (its first token is the token)."""
+    node, buf = t[0], t[4]
+    # 2: every other suffix through n goes on into child
+    if node[child, LENGTH] == 1:
+        # 2a: n and child become one node
+        nset(t, child, COUNT, node[child, COUNT] + 1)
+        nset(t, child, TOKEN, node[n, TOKEN])
+        nset(t, child, LENGTH, node[n, LENGTH] + 1)
+        nset(t, child, REF, seq_end - node[child, LENGTH])
+        nset(t, child, PARENT, node[n, PARENT])
+        _replace_in_siblings(t, n, child)
+        map_set(t, node[n, PARENT], node[child, TOKEN], child)
+        map_erase(t, n, token)  # n is gone (C++ frees it with its children map)
+        rset(t, slot, child)
+    else:
+        # 2b: n grows by the child's first token
+        nset(t, n, LENGTH, node[n, LENGTH] + 1)
+        nset(t, n, REF, seq_end - node[n, LENGTH])
+        nset(t, child, LENGTH, node[child, LENGTH] - 1)
+        nset(t, child, REF, node[child, REF] + 1)
+        nset(t, child, TOKEN, buf[node[child, REF]])
+        if node[child, TOKEN] != token:
+            map_erase(t, n, token)
+            map_insert(t, n, node[child, TOKEN], child)
+
+
+@compiled_inline
+def _append_into(t, slot, n, child, token, at):
+    """append's case 3: the suffix moves into child (its first token is the token)."""
+    node, buf = t[0], t[4]
+    # 3: the suffix moves into child
+    if node[child, LENGTH] == 1:
+        _increment_count(t, child)  # 3a
+        rset(t, slot, child)
+    else:
+        # 3b: child splits after its first token
+        m = _new_node(t, node[child, COUNT], token, 1, at)
+        node[m, PARENT] = n
+        _replace_in_siblings(t, child, m)
+        map_set(t, n, token, m)
+        nset(t, child, LENGTH, node[child, LENGTH] - 1)
+        nset(t, child, REF, node[child, REF] + 1)
+        nset(t, child, TOKEN, buf[node[child, REF]])
+        map_insert(t, m, node[child, TOKEN], child)
+        node[m, NCHILD] = 1
+        nset(t, child, PARENT, m)
+        node[m, HEAD] = child
+        node[m, TAIL] = child
+        nset(t, child, GROUP, _new_group(t, child))
+        _increment_count(t, m)
+        rset(t, slot, m)
 
 
 @compiled

@@ -132,6 +132,45 @@ class Drafts:
     drafted: Tensor | None = None  # [A] int64  drafts kept under p_min (its first draft below p_min dropped)
 
 
+@dataclass(frozen=True)
+class _ChainOut:
+    """What MtpHead.chain fills in, step by step, at A anchors of up to K drafts (K at least 1 here)."""
+
+    tokens: Tensor  # [A, K] int64  -1 where not drafted
+    logprobs: Tensor  # [A, K] float32  nan where not drafted
+    kept: Tensor | None  # [A, K, H]  the states, with keep_states
+    sure: Tensor | None  # [A, K] float64  llama.cpp's p, with confidence
+    stopped: Tensor  # [A] bool  p_min: the anchor drafts no more
+    p_min: float | None
+
+    @staticmethod
+    def empty(A: int, K: int, hidden: int, dtype, device, keep_states: bool, confidence: bool,
+              p_min: float | None) -> "_ChainOut":
+        return _ChainOut(
+            tokens=torch.full((A, max(K, 1)), -1, dtype=torch.long, device=device),
+            logprobs=torch.full((A, max(K, 1)), float("nan"), dtype=torch.float32, device=device),
+            kept=torch.zeros(A, max(K, 1), hidden, dtype=dtype, device=device) if keep_states else None,
+            sure=torch.full((A, max(K, 1)), float("nan"), dtype=torch.float64, device=device) if confidence else None,
+            stopped=torch.zeros(A, dtype=torch.bool, device=device),
+            p_min=p_min,
+        )
+
+    def stop_low(self, where: Tensor, step: int) -> None:
+        """p_min: drop the drafts below it at `step`, and stop those anchors."""
+        if self.p_min is None:
+            return
+        low = where[self.sure[where, step - 1] < self.p_min]
+        self.tokens[low, step - 1] = -1
+        self.stopped[low] = True
+
+    def drafts(self, anchors: Tensor, depths: Tensor) -> Drafts:
+        drafts = Drafts(anchors=anchors, depths=depths, tokens=self.tokens, logprobs=self.logprobs, states=self.kept,
+                        confidence=self.sure)
+        if self.p_min is None:
+            return drafts
+        return replace(drafts, drafted=(drafts.tokens >= 0).long().cumprod(dim=1).sum(dim=1))
+
+
 # ---------------------------------------------------------------------------------------------
 # The head
 
@@ -416,26 +455,10 @@ class MtpHead(nn.Module):
         K = int(depths.max()) if A else 0
         assert A == 0 or int(anchors.min()) >= 1, "anchor p needs row p-1"
         assert A == 0 or int(anchors.max()) <= rows.states.shape[0], "anchor p needs row p-1 in the row pass"
-        tokens = torch.full((A, max(K, 1)), -1, dtype=torch.long, device=device)
-        logprobs = torch.full((A, max(K, 1)), float("nan"), dtype=torch.float32, device=device)
-        kept = torch.zeros(A, max(K, 1), g.hidden_size, dtype=self.dtype, device=device) if keep_states else None
-        sure = torch.full((A, max(K, 1)), float("nan"), dtype=torch.float64, device=device) if confidence else None
-        stopped = torch.zeros(A, dtype=torch.bool, device=device)  # p_min: the anchor drafts no more
-
-        def finish(drafts: Drafts) -> Drafts:
-            if p_min is None:
-                return drafts
-            return replace(drafts, drafted=(drafts.tokens >= 0).long().cumprod(dim=1).sum(dim=1))
-
+        out = _ChainOut.empty(A, K, g.hidden_size, self.dtype, device, keep_states, confidence, p_min)
+        tokens, logprobs, kept, sure, stopped = out.tokens, out.logprobs, out.kept, out.sure, out.stopped
         if A == 0:
-            return finish(Drafts(anchors, depths, tokens, logprobs, kept, sure))
-
-        def stop_low(where: Tensor, step: int) -> None:  # p_min: drop the drafts below it, stop those anchors
-            if p_min is None:
-                return
-            low = where[sure[where, step - 1] < p_min]
-            tokens[low, step - 1] = -1
-            stopped[low] = True
+            return out.drafts(anchors, depths)
 
         # Step 1: the row pass already holds m_{p-1} (and y_{p-1} when the reading feeds y back).
         m = rows.states[anchors - 1]  # [A, H]
@@ -446,7 +469,7 @@ class MtpHead(nn.Module):
         tokens[:, 0], logprobs[:, 0] = first[0], first[1]
         if confidence:
             sure[:, 0] = first[2]
-            stop_low(torch.arange(A, device=device), 1)
+            out.stop_low(torch.arange(A, device=device), 1)
         at = self.attention
         chain_keys = torch.empty(at.kv_heads, A, max(K - 1, 1), at.key_dim, dtype=self.dtype, device=device)
         chain_values = torch.empty(at.kv_heads, A, max(K - 1, 1), at.value_dim, dtype=self.dtype, device=device)
@@ -469,11 +492,10 @@ class MtpHead(nn.Module):
             tokens[alive, step - 1], logprobs[alive, step - 1] = drafted[0], drafted[1]
             if confidence:
                 sure[alive, step - 1] = drafted[2]
-                stop_low(alive, step)
+                out.stop_low(alive, step)
             if kept is not None:
                 kept[alive, step - 1] = new_m
-        return finish(Drafts(anchors=anchors, depths=depths, tokens=tokens, logprobs=logprobs, states=kept,
-                             confidence=sure))
+        return out.drafts(anchors, depths)
 
     @torch.no_grad()
     def decode_step(self, rows: RowPass, prefix: int, hidden: Tensor, tokens: Tensor, positions: Tensor):
