@@ -30,11 +30,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mtp_observe.drafting.whatif_heads import HeadWhatIfs
 from mtp_observe.model.loading import default_model_dir, load_model
 from mtp_observe.model.precisions import PRECISIONS, head_at, head_recipes  # noqa: E402
-from mtp_observe.run.options import ReplayOptions, default_profiles, recorded_fallback
-from mtp_observe.drafting.whatif_heads import HeadWhatIfs
 from mtp_observe.model.target import RECORDED
+from mtp_observe.run.options import ReplayOptions, default_profiles, recorded_fallback
 from mtp_observe.run.pipeline import replay
 from mtp_observe.run.requests import replay_session
 from mtp_observe.sessions.reading import read_sessions  # noqa: E402
