@@ -77,9 +77,24 @@ def mtp_engine_run(engine_python, demo_turns, tmp_path_factory) -> dict:
     return out
 
 
-def replay_engine_counts(run: dict, keys, prompts, work: Path, name: str) -> dict:
-    """Replay the engine's own output tokens of one run with mtp-observe (MTP, K = 3, vLLM-CPU's numerics) and read
-    the engine-counted numbers the run predicts (export --engine vllm's expected_metrics)."""
+@pytest.fixture(scope="session")
+def mtp_replays(mtp_engine_run, demo_turns):
+    """name -> (run directory, export's expected_metrics) of the replay of that engine run's tokens, made once."""
+    keys, prompts = demo_turns
+    cache: dict = {}
+
+    def replayed(name: str):
+        if name not in cache:
+            run = next(r for r in mtp_engine_run["runs"] if r["name"] == name)
+            cache[name] = replay_engine_counts(run, keys, prompts, mtp_engine_run["work"], name)
+        return cache[name]
+
+    return replayed
+
+
+def replay_engine_counts(run: dict, keys, prompts, work: Path, name: str) -> tuple[Path, dict]:
+    """Replay the engine's own output tokens of one run with mtp-observe (MTP, K = 3, vLLM-CPU's numerics): the run
+    directory, and the engine-counted numbers it predicts (export --engine vllm's expected_metrics)."""
     temperature, top_p, top_k, recorded_with = SAMPLERS[name]
     sampling = {"temperature": temperature} if temperature == 0 else \
         {"temperature": temperature, "top_p": top_p, "top_k": top_k}
@@ -98,4 +113,4 @@ def replay_engine_counts(run: dict, keys, prompts, work: Path, name: str) -> dic
     assert export.returncode == 0, export.stderr[-4000:]
     expected = json.loads(export.stdout)["expected_metrics"]
     print(f"replay {name}: {seconds:.1f} s")
-    return expected
+    return work / f"run-{name}", expected

@@ -2,7 +2,8 @@
 
     <engine-python> engine_driver.py JOB.json OUT.json
 
-JOB: {"model": dir, "k": int, "method": "mtp", "seed": int, "prompts": [[token ids]], "max_model_len": int,
+JOB: {"model": dir, "k": int, "method": "mtp" | "ngram" | ..., "speculative": {more speculative_config keys}?,
+      "seed": int, "prompts": [[token ids]], "max_model_len": int,
       "runs": [{"name": str, "temperature": float, "top_p": float, "top_k": int, "max_tokens": int}]}
 OUT: {"vllm": version, "fixes": [...], "load_s": float,
       "runs": [{"name", "seconds", "outputs": [{"token_ids", "finish_reason"}], "counters": {...}}]}
@@ -50,7 +51,7 @@ def main(job_path: str, out_path: str) -> None:
     llm = LLM(model=job["model"], dtype="bfloat16", seed=job["seed"], max_model_len=job["max_model_len"],
               language_model_only=True, enable_prefix_caching=False, disable_log_stats=False,
               gpu_memory_utilization=job.get("memory_fraction", 0.1),  # on CPU: the fraction of RAM reserved
-              speculative_config={"method": job["method"], "num_speculative_tokens": k})
+              speculative_config={"method": job["method"], "num_speculative_tokens": k, **job.get("speculative", {})})
     load_s = time.time() - started
     prompts = [TokensPrompt(prompt_token_ids=p) for p in job["prompts"]]
     runs = []

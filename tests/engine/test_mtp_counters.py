@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from .conftest import K, replay_engine_counts
+from .conftest import K
 
 pytestmark = pytest.mark.engine
 
@@ -31,18 +31,16 @@ def test_the_engine_ran_mtp_with_our_fixes_and_drafted(mtp_engine_run):
         assert sum(per_pos) == c["num_accepted_tokens"] and list(per_pos) == sorted(per_pos, reverse=True)
 
 
-def test_mtp_greedy_engine_counters_equal_the_replays_engine_counted_numbers(mtp_engine_run, demo_turns):
-    keys, prompts = demo_turns
+def test_mtp_greedy_engine_counters_equal_the_replays_engine_counted_numbers(mtp_engine_run, mtp_replays):
     run = _run(mtp_engine_run, "greedy")
-    expected = replay_engine_counts(run, keys, prompts, mtp_engine_run["work"], "greedy")
+    _, expected = mtp_replays("greedy")
     print("engine", run["counters"], "replay", expected["counts"])
     assert expected["counts"] == run["counters"]
 
 
-def test_mtp_sampled_engine_counters_agree_with_the_replay_within_counting_noise(mtp_engine_run, demo_turns):
-    keys, prompts = demo_turns
+def test_mtp_sampled_engine_counters_agree_with_the_replay_within_counting_noise(mtp_engine_run, mtp_replays):
     run = _run(mtp_engine_run, "t1")
-    expected = replay_engine_counts(run, keys, prompts, mtp_engine_run["work"], "t1")
+    _, expected = mtp_replays("t1")
     engine, replay = run["counters"], expected["counts"]
     print("engine", engine, "replay", replay)
     n = engine["num_drafts"]
