@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mtp_observe.generation import turn_prompts
-from mtp_observe.rendering import Renderer
-from mtp_observe.sessions import read_sessions
+from mtp_observe.run.decoding import turn_prompts
+from mtp_observe.sessions.reading import read_sessions
+from mtp_observe.sessions.rendering import Renderer
 
 
 def demo_prompts(files, model_dir: Path) -> tuple[list[tuple[str, int]], list[list[int]], frozenset[int]]:
