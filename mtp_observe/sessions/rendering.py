@@ -79,6 +79,7 @@ class Request:
 class RenderedSession:
     session: Session
     requests: tuple[Request, ...]
+    skipped_turns: tuple[tuple[int, str], ...] = ()  # (assistant message index, why): turns left out under skip
 
     @property
     def id(self) -> str:
@@ -258,6 +259,19 @@ def bounded_rendering(template: str, given: int):
         _RENDER_LIMIT.reset(token)
 
 
+class TurnError(SessionError):
+    """One assistant turn cannot be reconstructed (what the model generated is not in the record): the session's
+    other turns still can be, so `--on-error skip` leaves out only this turn (Renderer.turn_errors)."""
+
+    def __init__(self, path, line, session_id, what, turn: int):
+        super().__init__(path, line, session_id, what)
+        self.turn = turn
+
+
+# Reasoning blocks a generation prompt may open (the model then generates the reasoning and the closing marker).
+REASONING_MARKERS = (("<think>", "</think>"),)
+
+
 class _Exactness(Exception):
     """Incremental tokenization disagreed with a full encoding: render this session exactly."""
 
@@ -266,7 +280,7 @@ class Renderer:
     """Holds the tokenizer, its chat template and the end-of-turn ids of one checkpoint."""
 
     def __init__(self, tokenizer, eos_ids: set[int], vocab_size: int | None = None, template_kwargs: dict | None = None,
-                 chat_template: str | None = None):
+                 chat_template: str | None = None, end_order=None):
         self.tokenizer = tokenizer
         self.backend = tokenizer.backend_tokenizer
         self.eos_ids = frozenset(eos_ids)
@@ -279,6 +293,11 @@ class Renderer:
         # unless an added token strips its neighbours or must stand as a single word.
         self.incremental = not any(t.lstrip or t.rstrip or t.single_word for t in added.values())
         self._self_checked = False
+        # The end ids in the checkpoint's order (generation_config's list first): an implicit end of turn with no
+        # next message to take the stop token from gets the first.
+        self.end_order = tuple(end_order) if end_order else tuple(sorted(self.eos_ids))
+        self._session_kwargs = None  # while a session renders: its meta.template_kwargs under --template-kwargs
+        self.turn_errors = "fail"  # "skip": a turn that cannot be reconstructed is left out (skipped_turns), not the session
 
     @classmethod
     def from_model_dir(cls, path: str | Path, vocab_size: int | None = None, overrides: TemplateOverrides | None = None) -> "Renderer":
@@ -304,8 +323,7 @@ class Renderer:
         if not getattr(tokenizer, "is_fast", False):
             raise CheckpointError(f"{path}: needs a fast tokenizer (tokenizer.json) for character offsets")
         eos: set[int] = set()
-        if tokenizer.eos_token_id is not None:
-            eos.add(tokenizer.eos_token_id)
+        order: list[int] = []
         configs = [read_generation_config(path)]
         if (path / "config.json").exists():
             cfg = read_json_file(path / "config.json", "the checkpoint's config.json")
@@ -318,20 +336,39 @@ class Renderer:
             if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
                 raise CheckpointError(f"{path / 'config.json'}: eos_token_id is {value!r:.60}, expected an integer or a list of integers")
             eos.update(ids)
+            order += [k for k in ids if k not in order]
+        if tokenizer.eos_token_id is not None:
+            eos.add(tokenizer.eos_token_id)
+            order += [tokenizer.eos_token_id] if tokenizer.eos_token_id not in order else []
         overrides = overrides or TemplateOverrides()
-        return cls(tokenizer, eos, vocab_size, template_kwargs=overrides.kwargs, chat_template=overrides.chat_template)
+        return cls(tokenizer, eos, vocab_size, template_kwargs=overrides.kwargs, chat_template=overrides.chat_template,
+                   end_order=order)
 
     # -- text and tokens ---------------------------------------------------------------------
 
     def _template(self, messages, tools, generation_prompt: bool) -> str:
         extra = {"chat_template": self.chat_template} if self.chat_template is not None else {}
         tools = list(tools) if tools else None
-        given = len(json.dumps([messages, tools, self.template_kwargs], ensure_ascii=False, default=str))
+        kwargs = self._session_kwargs if self._session_kwargs is not None else self.template_kwargs
+        given = len(json.dumps([messages, tools, kwargs], ensure_ascii=False, default=str))
         with bounded_rendering(self.tokenizer.get_chat_template(self.chat_template, tools), given):
             return self.tokenizer.apply_chat_template(
                 list(messages), tools=tools, tokenize=False, add_generation_prompt=generation_prompt, **extra,
-                **self.template_kwargs,
+                **kwargs,
             )
+
+    def switches(self, session: Session) -> dict[str, tuple[object, str]]:
+        """The thinking switches (THINKING_SWITCHES) this session renders with: {name: (value, source)}, source
+        "--template-kwargs" or "session meta" (meta.template_kwargs, the chat_template_kwargs its requests
+        carried); a switch neither sets is absent (the template's default applies)."""
+        own = _meta_kwargs(session)
+        out = {}
+        for name in THINKING_SWITCHES:
+            if name in self.template_kwargs:
+                out[name] = (self.template_kwargs[name], "--template-kwargs")
+            elif name in own:
+                out[name] = (own[name], "session meta")
+        return out
 
     def _encode(self, text: str, offset: int) -> _Tokens:
         enc = self.backend.encode(text, add_special_tokens=False)
@@ -372,6 +409,14 @@ class Renderer:
     def render(self, session: Session) -> RenderedSession:
         if session.is_token_level:
             return self._render_token_level(session)
+        own = _meta_kwargs(session)
+        self._session_kwargs = {**own, **self.template_kwargs} if own else None
+        try:
+            return self._render_session(session)
+        finally:
+            self._session_kwargs = None
+
+    def _render_session(self, session: Session) -> RenderedSession:
         if not self.incremental:
             return self._render_chat(session, exact=True)
         try:
@@ -403,37 +448,122 @@ class Renderer:
                                                f"({len(self.tokenizer)} tokens) and weights do not belong together")
                 requests.append(Request(len(requests), list(cur.ids), tuple(spans)))
 
+        skipped: list[tuple[int, str]] = []
         for i in session.assistant_turns:
             try:
-                prompt = self._template(messages[:i], tools, True)
-                full = self._template(messages[: i + 1], tools, False)
-            except Exception as e:  # a template's raise_exception, or a jinja error
-                raise self._error(session, f"the chat template cannot render assistant message {i} ({reason(e)}); fix the session or the template")
-            if not full.startswith(prompt):
-                raise self._error(session, f"the chat template does not render assistant message {i} as an extension of its generation prompt; use a template whose generation prompt prefixes the rendered turn")
+                prompt, full = self._turn(session, i)
+            except TurnError as err:
+                if self.turn_errors != "skip":
+                    raise
+                skipped.append((i, str(err)))
+                continue
             # 1. Same request if the prompt extends the request's text and tokens.
             extend = cur is not None and prompt.startswith(cur_text)
             toks = self._tokens_extending(full, cur if extend else None, exact)
             if extend and toks.ids[: len(cur.ids)] != cur.ids:
                 extend = False
                 toks = self._tokens_extending(full, None, exact)
-            if not extend:
-                close()
-                spans = []
             # 2. The completion: after the prompt's tokens, through the first end-of-turn token.
             b = self._prompt_length(prompt, toks, exact)
             if b is None:
                 raise self._error(session, f"assistant message {i}: the tokens of the rendered turn do not extend the tokens of its prompt (the tokenizer merges across the generation prompt); this template/tokenizer pair cannot be scored")
             e = next((k for k in range(b, len(toks.ids)) if toks.ids[k] in self.eos_ids), None)
             if e is None:
-                raise self._error(session, f"assistant message {i} renders with no end-of-turn token (eos ids {sorted(self.eos_ids)}); set eos_token_id in generation_config.json or fix the template")
+                # An implicit end (GLM-4.5): the turn renders no end token; the model stopped by emitting the stop
+                # token, which is scored as its last generated token.
+                stop = self._stop_token(session, i, prompt)
+                full = full + self.tokenizer.convert_ids_to_tokens(stop)
+                toks = self._tokens_extending(full, cur if extend else None, exact)
+                e = next((k for k in range(b, len(toks.ids)) if toks.ids[k] in self.eos_ids), None)
+                if e is None or toks.ids[e] != stop or e != len(toks.ids) - 1:
+                    raise self._error(session, f"assistant message {i} renders with no end-of-turn token (eos ids {sorted(self.eos_ids)}) and its stop token {stop} does not encode alone after it; set eos_token_id in generation_config.json or fix the template")
+            if not extend:
+                close()
+                spans = []
             segments = self._segments(session, i, prompt, full, toks, b, e)
             spans.append(Span(start=b, end=e, turn=i, segments=segments))
             end_char = toks.starts[e + 1] if e + 1 < len(toks.ids) else len(full)
             cur = _Tokens(toks.ids[: e + 1], toks.starts[: e + 1])
             cur_text = full[:end_char]
+        if skipped and not requests and not spans:
+            raise self._error(session, f"no assistant turn can be reconstructed: {skipped[0][1]}")
         close()
-        return RenderedSession(session, tuple(requests))
+        return RenderedSession(session, tuple(requests), tuple(skipped))
+
+    def _turn(self, session: Session, i: int) -> tuple[str, str]:
+        """(prompt_i, prompt_i + what the model generated for assistant message i, as text)."""
+        try:
+            prompt = self._template(session.messages[:i], session.tools, True)
+        except Exception as e:  # a template's raise_exception, or a jinja error
+            raise self._error(session, f"the chat template cannot render assistant message {i} ({reason(e)}); fix the session or the template")
+        return prompt, self._generated(session, i, session.messages[i], prompt)
+
+    def _generated(self, session: Session, i: int, message: dict, prompt: str) -> str:
+        """prompt + the text the model generated for `message` at turn i.
+
+        Where the template renders the turn as an extension of its generation prompt, that rendering. Where the
+        generation prompt opens a reasoning block (DeepSeek-R1 / V3.1 thinking: "...<｜Assistant｜><think>") and the
+        template renders the recorded turn without its reasoning ("<｜Assistant｜></think>answer" or
+        "<｜Assistant｜>answer"), the model generated the reasoning, the closing marker and then the rest: the
+        recorded reasoning + the rendered turn from its closing marker (one added, with the prompt's newline
+        around it, where the template renders none). A recorded turn with no reasoning there cannot be
+        reconstructed (TurnError naming the turn)."""
+        try:
+            full = self._template(list(session.messages[:i]) + [message], session.tools, False)
+        except Exception as e:  # a template's raise_exception, or a jinja error
+            raise self._error(session, f"the chat template cannot render assistant message {i} ({reason(e)}); fix the session or the template")
+        if full.startswith(prompt):
+            return full
+        for opener, closer in REASONING_MARKERS:
+            body = prompt.rstrip()
+            if not body.endswith(opener):
+                continue
+            gap = prompt[len(body):]  # the whitespace the prompt puts after the opener
+            head = len(body) - len(opener)  # where the reasoning block starts: the rendered turn agrees up to here
+            if full[:head] != prompt[:head]:
+                break
+            rest = full[head:]
+            if rest.startswith(opener):
+                break  # the template renders a reasoning block of its own that does not extend the prompt
+            reasoning = (message.get("reasoning_content") or "").strip()
+            if not reasoning:
+                raise TurnError(session.path, session.line, session.id,
+                                f"assistant message {i}: the generation prompt opens a reasoning block ({opener}), so the "
+                                "model reasoned before answering, but the message records no reasoning "
+                                "(reasoning_content); record it, or replay with the thinking switch the server used "
+                                "(--template-kwargs)", i)
+            if rest.startswith(closer):
+                return prompt + reasoning + gap + rest
+            return prompt + reasoning + gap + closer + ("\n\n" if gap else "") + rest
+        if (message.get("reasoning_content") or "").strip() and any(prompt.rstrip().endswith(c) for _, c in REASONING_MARKERS):
+            raise TurnError(session.path, session.line, session.id,
+                            f"assistant message {i} records reasoning, but its generation prompt closes the reasoning "
+                            "block (thinking off), so the model generated none; replay with the thinking switch the "
+                            "server used (--template-kwargs), or drop the reasoning", i)
+        raise TurnError(session.path, session.line, session.id,
+                        f"the chat template does not render assistant message {i} as an extension of its generation "
+                        "prompt (and the prompt opens no reasoning block the turn's reasoning could fill); use a template "
+                        "whose generation prompt prefixes the rendered turn, or the thinking switch the server used", i)
+
+    def _stop_token(self, session: Session, i: int, prompt: str) -> int:
+        """The token that ended assistant message i whose rendering has no end token: the next message's role token
+        where one follows, else the first end id. The next message's rendering is what rendering messages[:i+2]
+        adds to messages[:i+1], both without any reasoning (so a template that drops earlier reasoning once a new
+        user message follows renders the history alike); its first end id is the stop token."""
+        messages = session.messages
+        if i + 1 < len(messages):
+            bare = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages[: i + 2]]
+            try:
+                before = self._template(bare[: i + 1], session.tools, False)
+                after = self._template(bare, session.tools, False)
+            except Exception:
+                after = None
+            if after is not None:
+                head = _common_prefix_length(after, before)
+                for k in self._encode(after[head:], 0).ids:
+                    if k in self.eos_ids:
+                        return k
+        return self.end_order[0]
 
     def _segments(self, session: Session, i: int, prompt: str, full: str, toks: _Tokens, b: int, e: int) -> bytes:
         """One segment code per token b..e, from character offsets of the rendered parts."""
@@ -447,10 +577,10 @@ class Renderer:
             bare = dict(message)
             bare.pop("tool_calls")
             try:
-                without = self._template(list(messages[:i]) + [bare], tools, False)
-            except Exception as err:  # a template that raises only for a message without tool calls
+                without = self._generated(session, i, bare, prompt)
+            except SessionError as err:  # a template that raises only for a message without tool calls
                 raise self._error(session, f"the chat template cannot render assistant message {i} without its tool calls "
-                                           f"({reason(err)}); use a template that renders plain turns")
+                                           f"({err.what}); use a template that renders plain turns")
             tool_start = min(_common_prefix_length(full, without), end_char)
         content = (message.get("content") or "").strip()
         region = full[len(prompt):tool_start]
@@ -479,6 +609,26 @@ class Renderer:
             segments = bytes([TEXT] * (e - s) + [END if ids[e] in self.eos_ids else TEXT])
             requests.append(Request(j, ids, (Span(s, e, j, segments),)))
         return RenderedSession(session, tuple(requests))
+
+
+THINKING_SWITCHES = ("enable_thinking", "thinking")  # Qwen3 / GLM-4.5; DeepSeek-V3.1
+
+
+def _meta_kwargs(session: Session) -> dict:
+    """The session's own template variables: meta.template_kwargs (an object of template variables, as a server's
+    chat_template_kwargs), checked as --template-kwargs is; {} when absent."""
+    meta = session.meta if isinstance(session.meta, dict) else {}
+    value = meta.get("template_kwargs")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SessionError(session.path, session.line, session.id, "meta.template_kwargs must be an object of template "
+                           'variables, e.g. {"enable_thinking": false}; fix it or drop it')
+    reserved = sorted(set(value) & RESERVED_KWARGS)
+    if reserved:
+        raise SessionError(session.path, session.line, session.id, f"meta.template_kwargs: {reserved[0]} is not a "
+                           "template variable (apply_chat_template sets it); drop it")
+    return value
 
 
 def _common_prefix_length(a: str, b: str) -> int:
