@@ -368,6 +368,14 @@ class Tally:
         if said:
             observer.session(session_id or "?", 0, skipped=True)
 
+    def skip_turns(self, observer, index, session, skipped_turns) -> None:
+        """Turns of a replayed session left out under --on-error skip (rendering.TurnError): run.json errors entries
+        carrying "turn" (the assistant message's index); the session itself is not skipped."""
+        for turn, message in skipped_turns:
+            self.errors.append({"index": index, "path": session.path, "line": session.line, "session_id": session.id,
+                                "turn": turn, "message": message})
+            observer.warn(message)
+
     def add(self, c: dict) -> None:
         self.counts["sessions_ok"] += 1
         for key, value in c.items():

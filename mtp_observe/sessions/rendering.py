@@ -657,6 +657,8 @@ class SurveyCounts:
     requests: int = 0
     tokens: int = 0  # every token of every request (what the target replays)
     scored: dict = field(default_factory=lambda: {s: 0 for s in SEGMENTS})  # segment -> scored tokens
+    turns_skipped: int = 0  # assistant turns left out under --on-error skip (TurnError), their sessions kept
+    switches: dict = field(default_factory=dict)  # "thinking=true (session meta)" -> sessions rendered so
 
     def add(self, rendered: RenderedSession) -> None:
         self.sessions += 1
@@ -705,6 +707,13 @@ def survey(paths, renderer: Renderer, on_error: str = "fail", on_session=None):
             else:
                 counts.add(rendered)
                 total.add(rendered)
+                for turn, message in rendered.skipped_turns:
+                    skipped.append(Skipped(item.path, item.line, item.id, message, item.index))
+                for c in (counts, total):
+                    c.turns_skipped += len(rendered.skipped_turns)
+                    for name, (value, source) in renderer.switches(item).items():
+                        key = f"{name}={json.dumps(value)} ({source})"
+                        c.switches[key] = c.switches.get(key, 0) + 1
                 item = rendered
         if on_session is not None:
             on_session(item)
