@@ -296,3 +296,48 @@ def test_a_served_agent_session_replays_and_its_drafts_equal_the_nextn_reference
                     assert int(got.loc[(p, k)].draft_token) == token, (p, k)
                     checked += 1
     assert checked > 40
+
+
+@pytest.mark.parametrize("fmt,kwargs", [("deepseek_v31", {"thinking": True}), ("glm4_5", {})],
+                         ids=["deepseek_v31-thinking", "glm4_5"])
+def test_generate_prompts_each_turn_as_the_server_did_and_its_output_replays_to_exactly_the_generated_ids(
+        make_checkpoint, tmp_path, fmt, kwargs):
+    """`generate` completes each turn from the prompt the serve loop rendered (the thinking prompt included), stops on
+    the family's end ids, and replaying its records scores exactly the generated ids."""
+    d = checkpoint(make_checkpoint, fmt)
+    session, turns = serve(d, fmt, True, kwargs)
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps(session) + "\n")
+    out = tmp_path / "generated.jsonl"
+    extra = ["--template-kwargs", json.dumps(kwargs)] if kwargs else []
+    code, _, err = run_in_process("generate", path, "--model", d, "-o", out, "--max-new-tokens", "6", "--device", "cpu",
+                                  "--sampling", "greedy", *extra)
+    assert code == 0, err
+    record = json.loads(out.read_text().splitlines()[0])
+    kept = record["meta"]["generated"]["turns"]
+    prompts = {turn: prompt for turn, (prompt, _) in zip([2, 4, 6, 8], turns)}
+    assert kept and all(r["prompt_token_ids"] == prompts[t] for r, t in zip(record["requests"], kept))
+    run = tmp_path / "run"
+    code, _, err = run_in_process("replay", out, "--model", d, "--k", "2", "--device", "cpu", "--out", run)
+    assert code == 0, err
+    requests = pd.read_parquet(run / "requests.parquet")
+    scored = [list(req.input_ids)[int(sp["start"]): int(sp["end"]) + 1] for _, req in requests.iterrows() for sp in req.spans]
+    assert scored == [r["completion_token_ids"] for r in record["requests"]]
+
+
+def test_a_replay_under_on_error_skip_records_the_turn_it_left_out_and_keeps_the_session(make_checkpoint, tmp_path):
+    d = checkpoint(make_checkpoint, "deepseek_v31")
+    path = missing_reasoning_session(tmp_path)
+    run = tmp_path / "run"
+    code, _, err = run_in_process("replay", path, "--model", d, "--k", "2", "--device", "cpu", "--out", run,
+                                  "--template-kwargs", '{"thinking": true}', "--on-error", "skip")
+    assert code == 0, err
+    manifest = json.loads((run / "run.json").read_text())
+    assert manifest["counts"]["sessions_ok"] == 1 and manifest["counts"]["sessions_skipped"] == 0
+    assert [(e["session_id"], e["turn"]) for e in manifest["errors"]] == [("lost", 3)]
+    assert "records no reasoning" in manifest["errors"][0]["message"]
+    requests = pd.read_parquet(run / "requests.parquet")
+    assert [int(sp["turn"]) for _, req in requests.iterrows() for sp in req.spans] == [1]
+    code, _, err = run_in_process("replay", path, "--model", d, "--k", "2", "--device", "cpu", "--out", tmp_path / "r2",
+                                  "--template-kwargs", '{"thinking": true}')
+    assert code == 2 and "assistant message 3" in err
