@@ -33,7 +33,7 @@ from .common import (
 def sessions(
     files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Session JSONL files (.gz too), directories of them, or - for standard input.")],
     model: Annotated[Optional[Path], typer.Option("--model", help="Checkpoint directory or cached Hugging Face id whose tokenizer and chat template render the sessions (default: the bundled model).")] = None,
-    show: Annotated[Optional[str], typer.Option("--show", help="Render one session, scored spans coloured by segment.")] = None,
+    show: Annotated[Optional[str], typer.Option("--show", help="Render one session, scored spans coloured by segment, and where each turn starts and ends.")] = None,
     on_error: Annotated[OnError, typer.Option("--on-error", help="fail: stop at the first bad session; skip: warn, count it and go on.")] = "fail",
     chat_template: ChatTemplateOption = None,
     template_kwargs: TemplateKwargsOption = None,

@@ -441,7 +441,6 @@ class Renderer:
         return SessionError(session.path, session.line, session.id, what)
 
     def _render_chat(self, session: Session, exact: bool) -> RenderedSession:
-        messages, tools = session.messages, session.tools
         requests: list[Request] = []
         cur: _Tokens | None = None  # the current request's tokens (ending at its last end-of-turn token)
         cur_text = ""
@@ -579,8 +578,7 @@ class Renderer:
 
     def _segments(self, session: Session, i: int, prompt: str, full: str, toks: _Tokens, b: int, e: int) -> bytes:
         """One segment code per token b..e, from character offsets of the rendered parts."""
-        messages, tools = session.messages, session.tools
-        message = messages[i]
+        message = session.messages[i]
         end_char = toks.starts[e]
         # Where the first tool call's rendering starts: the first character that differs when
         # the message is rendered without its tool calls.
