@@ -332,6 +332,7 @@ def test_a_replay_under_on_error_skip_records_the_turn_it_left_out_and_keeps_the
     code, _, err = run_in_process("replay", path, "--model", d, "--k", "2", "--device", "cpu", "--out", run,
                                   "--template-kwargs", '{"thinking": true}', "--on-error", "skip")
     assert code == 0, err
+    assert "sessions render with thinking=true (--template-kwargs), the first lost" in err  # the switch it used
     manifest = json.loads((run / "run.json").read_text())
     assert manifest["counts"]["sessions_ok"] == 1 and manifest["counts"]["sessions_skipped"] == 0
     assert [(e["session_id"], e["turn"]) for e in manifest["errors"]] == [("lost", 3)]

@@ -456,6 +456,7 @@ class _SessionStep:
             self.tally.skip(self.observer, item.index, e.path, e.line, e.session_id, str(e))
             return None
         self.tally.skip_turns(self.observer, item.index, item, rendered.skipped_turns)
+        self.tally.say_switches(self.observer, item, self.renderer.switches(item))
         heads = model.info.geometry.num_heads if model is not None else 1
         self.observer.session_start(item.id, rendered.n_tokens, len(rendered.requests),
                                     work=request_works(rendered, opts.k, opts.chunk_size, heads))
