@@ -102,7 +102,7 @@ def sessions(
     if total.turns_skipped:
         say(err, f"{plural(total.turns_skipped, 'assistant turn')} left out (their sessions kept): --on-error skip")
     if total.switches:  # which thinking switch each session rendered with, and where it came from
-        rendered_with = "; ".join(f"{literal(k)}: {plural(n, 'session')}" for k, n in sorted(total.switches.items()))
+        rendered_with = "; ".join(f"{k}: {plural(n, 'session')}" for k, n in sorted(total.switches.items()))
         say(out, f"thinking switches: {rendered_with}; other sessions: the template's default")
     replay_estimate, generate_estimate = survey_estimates(model_dir, work[0], turns, device, estimate, template=overrides)
     import textwrap
