@@ -33,7 +33,7 @@ from .common import (
 def sessions(
     files: Annotated[list[Path], typer.Argument(metavar="FILES", help="Session JSONL files (.gz too), directories of them, or - for standard input.")],
     model: Annotated[Optional[Path], typer.Option("--model", help="Checkpoint directory or cached Hugging Face id whose tokenizer and chat template render the sessions (default: the bundled model).")] = None,
-    show: Annotated[Optional[str], typer.Option("--show", help="Render one session, scored spans coloured by segment.")] = None,
+    show: Annotated[Optional[str], typer.Option("--show", help="Render one session, scored spans coloured by segment, and where each turn starts and ends.")] = None,
     on_error: Annotated[OnError, typer.Option("--on-error", help="fail: stop at the first bad session; skip: warn, count it and go on.")] = "fail",
     chat_template: ChatTemplateOption = None,
     template_kwargs: TemplateKwargsOption = None,
@@ -55,6 +55,7 @@ def sessions(
     model_dir = _model_dir(model)
     geometry = read_checkpoint(model_dir).geometry
     renderer = Renderer.from_model_dir(model_dir, vocab_size=geometry.vocab_size, overrides=overrides)
+    renderer.turn_errors = on_error  # skip: a turn that cannot be reconstructed is left out (and said), not its session
     if show is not None:
         _show_session(files, renderer, show, on_error)
         return
@@ -98,6 +99,11 @@ def sessions(
         say(err, f"skipped: {s.message}")
     if len(skipped) > 20:
         say(err, f"... and {len(skipped) - 20} more skipped")
+    if total.turns_skipped:
+        say(err, f"{plural(total.turns_skipped, 'assistant turn')} left out (their sessions kept): --on-error skip")
+    if total.switches:  # which thinking switch each session rendered with, and where it came from
+        rendered_with = "; ".join(f"{k}: {plural(n, 'session')}" for k, n in sorted(total.switches.items()))
+        say(out, f"thinking switches: {rendered_with}; other sessions: the template's default")
     replay_estimate, generate_estimate = survey_estimates(model_dir, work[0], turns, device, estimate, template=overrides)
     import textwrap
 
@@ -105,6 +111,30 @@ def sessions(
     for line in (estimate_line(replay_estimate, "replay (--k 4)"), estimate_line(generate_estimate, "generate (--batch-size 8)")):
         for part in textwrap.wrap(line, width=width, subsequent_indent="  ", break_on_hyphens=False):
             say(out, part)
+
+
+SHOW_TOKENS = 4  # tokens shown at each end of a boundary
+
+
+def turn_bounds(tokenizer, ids, span, n: int = SHOW_TOKENS) -> list[str]:
+    """Lines saying where a scored turn starts and ends: the prompt's last n tokens, the scored span's first n and
+    last n, each token decoded alone and quoted (control characters escaped by literal()). Worked example (GLM-4.5
+    shape): turn 2 · prompt ends "42" "?" "<|assistant|>" | scored 61 tokens: starts "\\n" "<think>" "The" ...
+    ends ... "</tool_call>" "<|observation|>"."""
+    def show(tokens):
+        return " ".join(json_quote(tokenizer.decode([t])) for t in tokens)
+
+    first = ids[span.start: min(span.start + n, span.end + 1)]
+    last = ids[max(span.end + 1 - n, span.start + len(first)): span.end + 1]
+    scored = span.end - span.start + 1
+    return [f"turn {span.turn} · prompt ends {show(ids[max(0, span.start - n): span.start])}",
+            f"  scored {plural(scored, 'token')}: starts {show(first)}" + (f" ... ends {show(last)}" if last else "")]
+
+
+def json_quote(text: str) -> str:
+    import json
+
+    return json.dumps(text, ensure_ascii=False)
 
 
 def _show_session(files, renderer, session_id: str, on_error: str) -> None:
@@ -133,6 +163,11 @@ def _show_session(files, renderer, session_id: str, on_error: str) -> None:
                 text.append(visible(renderer.tokenizer.decode(req.input_ids[k:j]), newlines=True), style=style_of[k])
                 k = j
             out.print(text, soft_wrap=True)
+            for sp in req.spans:  # where each turn starts and ends, token by token
+                for line in turn_bounds(renderer.tokenizer, req.input_ids, sp):
+                    out.print(literal(line))
+        for turn, message in rendered.skipped_turns:
+            say(err, f"turn {turn} left out: {message}")
         legend = Text("legend: ")
         for seg, style in SEGMENT_STYLES.items():
             legend.append(f" {seg} ", style=style)

@@ -54,6 +54,44 @@ def chat_template() -> str:
     return (Path(__file__).parents[1] / "assets" / "chat_template.jinja").read_text()
 
 
+@dataclass(frozen=True)
+class ChatFormat:
+    """A chat template in the shape of a released family's, with the tokens it needs (written by this project:
+    mtp_observe/assets/chat_templates/, each file's header says what shape it reproduces)."""
+
+    template: str | None  # file name under assets/chat_templates/; None: the package's ChatML (Qwen3.5 shape)
+    added: tuple[str, ...]  # special and markup tokens the template uses, beyond SPECIAL_TOKENS and MARKUP_TOKENS
+    eos_token: str  # tokenizer_config's eos_token
+    bos_token: str | None
+    end_tokens: tuple[str, ...]  # generation_config's eos_token_id, in the release's order
+
+
+_DEEPSEEK_TOKENS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+                    "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+                    "<｜tool▁sep｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>",
+                    "<｜tool▁output▁end｜>")
+_DEEPSEEK = dict(added=_DEEPSEEK_TOKENS, eos_token="<｜end▁of▁sentence｜>", bos_token="<｜begin▁of▁sentence｜>",
+                 end_tokens=("<｜end▁of▁sentence｜>",))
+CHAT_FORMATS = {
+    "chatml": ChatFormat(None, (), "<|im_end|>", None, ("<|im_end|>", "<|endoftext|>")),
+    "deepseek_v3": ChatFormat("deepseek_v3.jinja", **_DEEPSEEK),  # no thinking
+    "deepseek_v31": ChatFormat("deepseek_v31.jinja", **_DEEPSEEK),  # `thinking` switch; history without reasoning
+    "deepseek_r1": ChatFormat("deepseek_r1.jinja", **_DEEPSEEK),  # always thinking; reasoning stripped everywhere
+    # GLM-4.5: implicit end of turn; eos_token_id [<|endoftext|>, <|user|>, <|observation|>] as released
+    "glm4_5": ChatFormat("glm4_5.jinja", ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
+                                          "<|observation|>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
+                         "<|endoftext|>", None, ("<|endoftext|>", "<|user|>", "<|observation|>")),
+}
+
+
+def family_chat_template(chat_format: str) -> str:
+    """The template text of a CHAT_FORMATS entry."""
+    name = CHAT_FORMATS[chat_format].template
+    if name is None:
+        return chat_template()
+    return (Path(__file__).parents[1] / "assets" / "chat_templates" / name).read_text()
+
+
 # ---------------------------------------------------------------------------------------------
 # Tokenizer
 
@@ -78,7 +116,7 @@ def _default_corpus() -> list[str]:
     return corpus
 
 
-def train_tokenizer(corpus: list[str], vocab_size: int, isolate_newlines: bool = False):
+def train_tokenizer(corpus: list[str], vocab_size: int, isolate_newlines: bool = False, extra_added: tuple[str, ...] = ()):
     """A byte-level BPE (`tokenizers`) with ChatML special tokens; encodes any text.
 
     isolate_newlines pre-splits every "\n" on its own, so a prompt ending in "\n" always
@@ -94,23 +132,25 @@ def train_tokenizer(corpus: list[str], vocab_size: int, isolate_newlines: bool =
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(MARKUP_TOKENS), special_tokens=SPECIAL_TOKENS, show_progress=False,
+        vocab_size=vocab_size - len(MARKUP_TOKENS) - len(extra_added), special_tokens=SPECIAL_TOKENS, show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(corpus, trainer)
     tok.add_tokens(MARKUP_TOKENS)
+    if extra_added:
+        tok.add_special_tokens(list(extra_added))
     assert tok.get_vocab_size() <= vocab_size, (tok.get_vocab_size(), vocab_size)
     return tok
 
 
-def write_tokenizer(directory: Path, tokenizer, template: str | None = None) -> None:
+def write_tokenizer(directory: Path, tokenizer, template: str | None = None, fmt: ChatFormat = CHAT_FORMATS["chatml"]) -> None:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(directory / "tokenizer.json"))
     config = {
         "tokenizer_class": "TokenizersBackend",
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
+        "bos_token": fmt.bos_token,
+        "eos_token": fmt.eos_token,
         "pad_token": "<|endoftext|>",
         "model_max_length": 262144,
         "add_bos_token": False,
@@ -425,6 +465,7 @@ class SyntheticSpec:
     n_shared_experts: int = 1
     use_qk_norm: bool = True  # GLM-4.5 (355B) true, GLM-4.5-Air false
     nextn_copies: str = "copy"  # the NextN layer's embed_tokens / shared_head.head: "copy" | "absent" | "distinct"
+    chat_format: str = "chatml"  # the tokenizer's chat template: a CHAT_FORMATS key (deepseek_v3, deepseek_v31, deepseek_r1, glm4_5)
 
     @property
     def moe(self) -> bool:
@@ -599,9 +640,16 @@ def write_synthetic_checkpoint(directory: str | Path, spec: SyntheticSpec = Synt
     if spec.nextn:
         head_prefix = f"model.layers.{spec.num_hidden_layers}."
         head |= nextn_copies(spec, text_state["embed_tokens.weight"], lm_head)
-    tok = train_tokenizer(_default_corpus(), spec.tokenizer_vocab)
-    eos = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
-    text_config = dict(spec.text_config(), eos_token_id=eos[0], pad_token_id=eos[1])
+    fmt = CHAT_FORMATS[spec.chat_format]
+    if spec.chat_format == "chatml":
+        tok = train_tokenizer(_default_corpus(), spec.tokenizer_vocab)
+    else:
+        tok = train_tokenizer(_default_corpus() + [family_chat_template(spec.chat_format)], spec.tokenizer_vocab,
+                              extra_added=fmt.added)
+    eos = [tok.token_to_id(t) for t in fmt.end_tokens]
+    pad = tok.token_to_id("<|endoftext|>")
+    config_eos = eos[0] if len(eos) == 1 or spec.chat_format == "chatml" else eos  # GLM-4.5's config lists them all
+    text_config = dict(spec.text_config(), eos_token_id=config_eos, pad_token_id=pad)
     assert spec.quantization in (None, "fp8"), spec.quantization
     out = save_checkpoint(
         directory, text_config=text_config, text_state=text_state, lm_head=lm_head, head_state=head, head_prefix=head_prefix,
@@ -609,6 +657,6 @@ def write_synthetic_checkpoint(directory: str | Path, spec: SyntheticSpec = Synt
         family=spec.family, expert_layout=spec.stored_expert_layout,
         fp8_scale_dtype=getattr(torch, spec.scale_dtype) if spec.quantization == "fp8" else None,
     )
-    write_tokenizer(out, tok)
+    write_tokenizer(out, tok, family_chat_template(spec.chat_format), fmt)
     (out / "synthetic_spec.json").write_text(json.dumps(asdict(spec), indent=2) + "\n")
     return out

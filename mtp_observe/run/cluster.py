@@ -474,6 +474,7 @@ def _survey(inputs, out: Path, opts, model_dir: Path, observer, fallback, roster
     variants = head_variants(opts, read_checkpoint(model_dir) if target else None)  # what the replicas replay too
     renderer = Renderer.from_model_dir(model_dir, vocab_size=_vocab(model_dir) if target else None,
                                        overrides=opts.template)
+    renderer.turn_errors = opts.on_error
     server_default = (generation_config_profile(model_dir) or VLLM_DEFAULTS) if target else None
     draft_ks = written_draft_ks(opts, roster, variants)  # the rows a part holds, as a process's replay checks them
     finished = parts.finished_sessions(out, opts.k, draft_ks,
@@ -515,6 +516,7 @@ def _survey(inputs, out: Path, opts, model_dir: Path, observer, fallback, roster
                 raise
             tally.skip(observer, item.index, e.path, e.line, e.session_id, str(e), said=False)
             continue
+        tally.skip_turns(observer, item.index, item, rendered.skipped_turns)
         survey.tasks.append(Task(item.index, item.id, f"{item.path}:{item.line}", rendered.requests, rendered.n_tokens,
                                  recorded, source, speculative))
         if stateful:

@@ -382,6 +382,7 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
     dtype = resolve_dtype(opts.dtype, device)
     model = load_model(model_dir, device=device, dtype=dtype)
     renderer = Renderer.from_model_dir(model.info.path, vocab_size=model.info.geometry.vocab_size, overrides=opts.template)
+    renderer.turn_errors = opts.on_error  # skip: a turn the rendering cannot reconstruct is left out, not its session
     settings = Settings(profile=profile, max_new_tokens=opts.max_new_tokens, seed=opts.seed, eos_ids=renderer.eos_ids,
                         chunk_size=opts.chunk_size, speculative=opts.speculative)
     plan = plan_shard(inputs, opts.shard, renderer) if opts.shard is not None else None
@@ -479,8 +480,11 @@ class _Writing:
             if item.id in self.out.done:
                 continue
             try:
-                prompts = turn_prompts(inputs.rendered(item, renderer))
+                rendered = inputs.rendered(item, renderer)
+                prompts = turn_prompts(rendered)
                 inputs.release(item)
+                for _, message in rendered.skipped_turns:
+                    self.observer.warn(message)
             except SessionError as e:
                 if opts.on_error == "fail":
                     raise

@@ -17,7 +17,8 @@ at import (merge.py compares identities without it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import RunDirectoryError
@@ -359,6 +360,7 @@ class Tally:
     errors: list
     per_file: dict
     fresh_tokens: int = 0
+    switches: set = field(default_factory=set)  # the thinking switches already said (rendering.Renderer.switches)
 
     def skip(self, observer, index, path, line, session_id, message, said: bool = True) -> None:
         """A session skipped (run.json errors); said: the observer hears it ended now (a Ray job says it later)."""
@@ -367,6 +369,22 @@ class Tally:
         observer.warn(message)
         if said:
             observer.session(session_id or "?", 0, skipped=True)
+
+    def say_switches(self, observer, session, switches: dict) -> None:
+        """Which thinking switch a session rendered with and where it came from: said once per switch and source."""
+        for name, (value, source) in switches.items():
+            key = f"{name}={json.dumps(value)} ({source})"
+            if key not in self.switches:
+                self.switches.add(key)
+                observer.note(f"sessions render with {key}, the first {session.id}")
+
+    def skip_turns(self, observer, index, session, skipped_turns) -> None:
+        """Turns of a replayed session left out under --on-error skip (rendering.TurnError): run.json errors entries
+        carrying "turn" (the assistant message's index); the session itself is not skipped."""
+        for turn, message in skipped_turns:
+            self.errors.append({"index": index, "path": session.path, "line": session.line, "session_id": session.id,
+                                "turn": turn, "message": message})
+            observer.warn(message)
 
     def add(self, c: dict) -> None:
         self.counts["sessions_ok"] += 1

@@ -215,7 +215,7 @@ def _held_sessions(by_index: dict, count: int, allow_partial: bool) -> Held:
             held[sid] = i
         out.per_shard[i] = sessions
         skipped = {e.get("session_id") if e.get("session_id") is not None else f"{e.get('path')}:{e.get('line')}"
-                   for e in manifest.get("errors") or []}
+                   for e in manifest.get("errors") or [] if "turn" not in e}
         lost = [sid for sid in manifest["shard"].get("session_ids") or [] if sid not in sessions and sid not in skipped]
         # --allow-partial: what a shard lost (a part deleted or damaged) is recorded as missing, not refused
         if manifest.get("status") == "complete" and not (allow_partial and (lost or damaged)):
@@ -283,7 +283,7 @@ def _merged_manifest(first: dict, by_index: dict, count: int, per_shard: dict, a
     counts["sessions_ok"] = len(sessions)
     errors = sorted((e for m in manifests for e in m.get("errors") or []),
                     key=lambda e: (e.get("index", float("inf")), str(e.get("path")), e.get("line") or 0))
-    counts["sessions_skipped"] = len(errors)
+    counts["sessions_skipped"] = sum(1 for e in errors if "turn" not in e)  # an entry with "turn": a turn left out
     for key in max_keys:
         counts[key] = max((c[key] for c in sessions), default=0)
     walls = [float((m.get("timing") or {}).get("wall_s") or 0.0) for m in manifests]

@@ -148,9 +148,11 @@ def _setting(inputs: Inputs, model_dir: Path, out: Path, opts: ReplayOptions, mo
 def _renderer(info, model_dir: Path, opts: ReplayOptions):
     from ..sessions.rendering import Renderer
 
-    return Renderer.from_model_dir(info.path if info is not None else model_dir,
-                                   vocab_size=info.geometry.vocab_size if info is not None else None,
-                                   overrides=opts.template)
+    renderer = Renderer.from_model_dir(info.path if info is not None else model_dir,
+                                       vocab_size=info.geometry.vocab_size if info is not None else None,
+                                       overrides=opts.template)
+    renderer.turn_errors = opts.on_error  # skip: a turn that cannot be reconstructed is left out, not its session
+    return renderer
 
 
 def _replay(inputs: Inputs, model_dir: Path, out: Path, opts: ReplayOptions, bundled: bool, observer: Observer, roster,
@@ -453,6 +455,8 @@ class _SessionStep:
                 raise
             self.tally.skip(self.observer, item.index, e.path, e.line, e.session_id, str(e))
             return None
+        self.tally.skip_turns(self.observer, item.index, item, rendered.skipped_turns)
+        self.tally.say_switches(self.observer, item, self.renderer.switches(item))
         heads = model.info.geometry.num_heads if model is not None else 1
         self.observer.session_start(item.id, rendered.n_tokens, len(rendered.requests),
                                     work=request_works(rendered, opts.k, opts.chunk_size, heads))

@@ -134,7 +134,9 @@ Version 3, continued (past one machine: shards, merge, Ray; docs/scale.md):
     run.json `cluster`  a run replayed on Ray (`replay --ray`; cluster.py): {"engine": "ray", "address", "replicas",
                         "gpus_per_replica", "max_attempts", "replaced" (replicas that died and were replaced),
                         "retried" (sessions given to another replica after theirs died)}
-    run.json `errors`   each entry may carry "index" (the input index, for merge's order)
+    run.json `errors`   each entry may carry "index" (the input index, for merge's order), and "turn": then it is one
+                        assistant turn left out under --on-error skip (a turn the rendering cannot reconstruct,
+                        sessions/rendering.TurnError), not a skipped session
 
 Version 3, continued (what-ifs from one replay, docs/whatifs.md; every addition optional, so a version-2 or version-1 run is
 read as before and lacks only what it never asked for):
