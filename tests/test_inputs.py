@@ -17,7 +17,8 @@ from mtp_observe.errors import InputError, OptionError
 from mtp_observe.model.loading import default_model_dir
 from mtp_observe.sessions.importers import import_files
 from mtp_observe.sessions.reading import read_sessions
-from mtp_observe.sessions.rendering import Renderer, survey, template_overrides
+from mtp_observe.sessions.rendering import Renderer, survey
+from mtp_observe.sessions.templates import template_overrides
 
 from .conftest import SESSIONS_PUBLIC
 from .fuzzing import run_cli

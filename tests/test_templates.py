@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from mtp_observe.sessions.reading import read_sessions
-from mtp_observe.sessions.rendering import Renderer, TemplateOverrides
+from mtp_observe.sessions.rendering import Renderer
+from mtp_observe.sessions.templates import TemplateOverrides
 
 from .test_nextn import one_line, run_in_process
 

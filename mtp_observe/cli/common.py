@@ -107,8 +107,8 @@ TemplateKwargsOption = Annotated[Optional[str], typer.Option(
 
 
 def _template_overrides(chat_template: Optional[Path], template_kwargs: Optional[str]):
-    """--chat-template and --template-kwargs, checked once (rendering.template_overrides)."""
-    from ..sessions.rendering import template_overrides
+    """--chat-template and --template-kwargs, checked once (templates.template_overrides)."""
+    from ..sessions.templates import template_overrides
 
     return template_overrides(chat_template, template_kwargs)
 

@@ -114,7 +114,7 @@ class GenerateOptions:
     on_error: str = "fail"
     resume: bool = False
     overwrite: bool = False  # replace a finished output (atomically, once the new one is whole)
-    template: object = None  # rendering.TemplateOverrides
+    template: object = None  # sessions.templates.TemplateOverrides
     shard: object = None  # shards.Shard (--shard I/N, --shard-by): generate that shard's sessions only
     max_sessions: int | None = None  # the first N sessions of the input (in input order, as replay counts them)
 

@@ -30,7 +30,7 @@ class ReplayOptions:
     overwrite: bool = False
     device_map: str | None = None  # "auto": spread the target over every visible GPU (accelerate)
     head_engine: str = "vllm"  # --head-reading: whose reading of the head to replay (families.head_reading)
-    template: object = None  # rendering.TemplateOverrides: --chat-template / --template-kwargs (None: the checkpoint's)
+    template: object = None  # sessions.templates.TemplateOverrides: --chat-template / --template-kwargs (None: the checkpoint's)
     drafters: tuple = ("mtp",)  # --drafters, drafters.roster names in the order given
     ngram: object = None  # drafters.ngram.NgramConfig (--ngram MIN,MAX); None: vLLM's defaults
     suffix: object = None  # drafters.suffix.SuffixConfig (--suffix-*); None: vLLM's defaults
