@@ -162,6 +162,7 @@ def replay(
     from ..run.manifest import default_run_dir
     from ..run.options import ReplayOptions
     from ..run.pipeline import replay as run_replay, replay_estimate
+    from ..outputs import check_not_an_input
     from ..run.progress import ProgressDisplay
 
     _check_on_error(on_error)
@@ -187,6 +188,7 @@ def replay(
     bundled = model is None
     model_dir = _model_dir(model)
     out_path = out_dir or default_run_dir()
+    check_not_an_input(out_path, "--out", files)  # the run would be written over what it reads
     extra, declared = _parse_sampling(sampling or [], recorded_with)
     opts = ReplayOptions(k=k, chunk_size=chunk_size, device=device, dtype=dtype,
                          profiles=_with_defaults(extra, model_dir) if not model_free else (), recorded_with=declared,
