@@ -357,3 +357,42 @@ def test_the_headline_says_what_was_measured_and_never_sounds_like_a_pass_below_
     assert r.returncode == (1 if gate else 0) and speedup < 1
     good = cli("report", runs["go"], "--replicates", REPLICATES, *extra).stdout.splitlines()[0]
     assert good.startswith(f"GO · K to run: 3 · {said}; measured speedup ") and ">= 1, exit 0" in good
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. The first screen's layout (issue 43, point 8)
+
+
+def test_export_force_of_a_tree_says_on_stderr_the_k_the_file_holds(runs):
+    """`export --force --tree S,TOPK,T` writes the tree's T steps (export_sglang_tree); its stderr said the chain's
+    best K instead."""
+    from types import SimpleNamespace
+
+    from mtp_observe.engines.exports import export_plan
+
+    report = read_and_summarize(runs["no_pay"], replicates=50).report
+    tree_steps = report.best_k + 2
+    with_tree = replace(report, trees=(SimpleNamespace(name=f"tree:{tree_steps},2,6", steps=tree_steps),))
+    plan = export_plan(with_tree, None, True, f"{tree_steps}, 2, 6")
+    assert plan.writes and f"written at tree {tree_steps}, 2, 6 (K={tree_steps}) because of --force" in plan.lines[1]
+    assert f"K={report.best_k} " not in plan.lines[1]
+    assert f"written at K={report.best_k} because of --force" in export_plan(report, None, True).lines[1]  # no tree
+
+
+def test_a_model_free_run_prints_no_dtype_where_none_ran(tmp_path):
+    run = write_run(tmp_path / "model-free", random_sessions(12, 3, 0.7, seed=4), k=3,
+                    manifest={"target_ran": False, "dtype": None})
+    r = cli_at_100_columns("report", run, "--replicates", REPLICATES)
+    assert r.returncode == 0 and "None" not in r.stdout, r.stdout
+    [where] = [line for line in r.stdout.splitlines() if line.startswith("run ")]
+    assert where.endswith(" · model /nonexistent/model · Kmax 3"), where
+
+
+def test_a_step_too_long_for_100_columns_gets_its_comment_on_a_line_of_its_own():
+    from mtp_observe.report.presentation import step_lines
+
+    short = "mtp-observe replay MORE_SESSIONS.jsonl  # at least 10 sessions (this run has 7)"
+    assert step_lines(short) == [f"  {short}"]
+    command = "mtp-observe export " + "reports/" + "x" * 40 + " --engine vllm -o vllm.json"  # 93 columns
+    assert step_lines(f"{command}  # vLLM's config and numbers") == ["  # vLLM's config and numbers", f"  {command}"]
+    assert all(len(line) <= 100 for line in step_lines(f"{command}  # vLLM's config and numbers"))

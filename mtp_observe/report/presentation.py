@@ -122,9 +122,10 @@ def number_lines(report: Report, comparison: Comparison | None = None) -> list[s
                      f"{delta_cell(d, 'tau_sim', kc - 1, f'tau_sim@K={kc}')} (current - baseline; {FLAG} = its "
                      f"{report.level:.0%} interval excludes 0)")
     model = m.get("model") or {}
-    where = "the bundled model" if model.get("bundled") else f"model {model.get('path', '?')}"
+    where = "bundled model" if model.get("bundled") else f"model {model.get('path', '?')}"
     dtype = f" · {m['dtype']}" if m.get("dtype") else ""  # a model-free run ran no target: no dtype
-    lines.append(f"run {report.path} · {m.get('status')} · {plural(sessions, 'session')}, {plural(o.anchors, 'anchor')} · "
+    status = "" if m.get("status") == "complete" else f" · {m.get('status')}"  # another status is a cause above too
+    lines.append(f"run {report.path}{status} · {plural(sessions, 'session')}, {plural(o.anchors, 'anchor')} · "
                  f"{where}{dtype} · Kmax {report.k}")
     return lines
 
