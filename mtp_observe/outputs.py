@@ -9,6 +9,9 @@ Contract:
            an input directory the command reads whole (sessions, logs: run again, it would read its own output);
            or a file that exists in a `kept` directory (the checkpoint: config.json, weights, tokenizer files);
         3. is a directory, has the wrong suffix, or lies in a directory that does not exist or cannot be written.
+    check_not_an_input(path, option, inputs)
+        refuses an output (a file or a run directory) that is one of the inputs themselves (the same file or
+        directory, links followed): replay --out INPUT, as check_output's rule 2 for a file
     non_finite_key(data) -> str | None
         where a JSON value to be written holds NaN or an infinity (which JSON cannot hold): run.json, the engines'
         configs and template variables are refused naming it, never written as a bare NaN
@@ -112,6 +115,18 @@ def check_output(path: Optional[Path], option: str, inputs: Iterable = (), kept:
         raise OptionError(f"{option} {path}: the directory {path.parent} does not exist; create it or choose another path")
     if not os.access(real.parent, os.W_OK):
         raise OptionError(f"{option} {path}: cannot write in {path.parent} (not writable); choose another path")
+
+
+def check_not_an_input(path: Optional[Path], option: str, inputs: Iterable = ()) -> None:
+    """Refuse an output that is one of the inputs themselves (a run directory named like an input file or folder)."""
+    if path is None:
+        return
+    real = Path(os.path.realpath(path))
+    for given in inputs:
+        if given is None or str(given) == "-":
+            continue
+        if real == Path(os.path.realpath(given)) or _same_file(real, Path(given)):
+            raise OptionError(f"{option} {path} is one of the inputs ({given}); write it elsewhere")
 
 
 def non_finite_key(data, where: str = "") -> str | None:

@@ -266,3 +266,133 @@ def test_each_gated_batch_sizes_k_to_run_is_the_schedules_k_there_and_only_a_ser
     assert serve_lines(refused) == []
     data = report_json(refused)
     assert data["batch"]["speculative_config"] is None and data["verdict"]["batches"][0]["run_k"] == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. The printed next steps carry the options in force, and do what they say (issue 43, points 1, 3, 4)
+
+
+def next_steps(stdout: str) -> list[str]:
+    """The commands under `next:` (a comment on its own line left out, a trailing one cut off)."""
+    lines = stdout.split("\nnext:\n", 1)[1].splitlines()
+    steps = []
+    for line in lines:
+        if not line.startswith("  "):
+            break
+        if not line.startswith("  #"):
+            steps.append(line.strip().split("  #", 1)[0])
+    return steps
+
+
+def test_after_a_go_the_printed_export_and_compare_carry_the_reports_options_and_exit_0(tmp_path, monkeypatch):
+    import shlex
+
+    from mtp_observe.engines.numbers import engine_numbers
+
+    from .test_engine_counters import counts_of, scrape
+
+    nine = write_run(tmp_path / "nine", random_sessions(9, 3, 0.7, seed=4), k=3, draft_cost=0.08)
+    options = ("--min-sessions", "9", "--gate", "speedup>=1.0", "--replicates", "50", "--batch", "1-2", "--seed", "3")
+    r = cli("report", nine, *options)
+    assert r.returncode == 0 and r.stdout.startswith("GO · K to run: 3 · gate speedup>=1.0; measured speedup"), r.stdout
+    steps = next_steps(r.stdout)
+    assert [shlex.split(s)[1] for s in steps] == ["export", "compare"], steps
+    for step in steps:
+        for option in ("--min-sessions 9", "--gate 'speedup>=1.0'", "--replicates 50", "--batch 1-2", "--seed 3"):
+            assert option in step, (option, step)
+    monkeypatch.chdir(tmp_path)
+    report = read_and_summarize(nine, min_sessions=9, replicates=50, batch="1-2", seed=3).report
+    Path("metrics.txt").write_text(scrape(*counts_of(engine_numbers(report, report.verdict.run_k))))
+    for step in steps:  # exactly as printed: the GO's export writes, its compare agrees with the run's own counts
+        done = cli(*shlex.split(step)[1:])
+        assert done.returncode == 0, (step, done.stdout, done.stderr)
+    assert json.loads(Path("vllm.json").read_text())
+    # the negative control: the export the report printed before, without the options that made the GO
+    assert cli("export", nine, "--engine", "vllm", "-o", "bare.json").returncode == 1
+
+
+def test_the_unreliable_steps_carry_the_options_and_generate_is_sized_to_the_run_and_writes_a_new_file(tmp_path,
+                                                                                                          monkeypatch):
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    Path("own.jsonl").write_text("")  # the demo's generate made one already
+    foreign = write_run(tmp_path / "foreign", random_sessions(4, 3, 0.7, seed=4, fit_rates=FOREIGN), k=3,
+                        manifest={"inputs": [{"path": "own-2.jsonl", "sha256": "x"}], "options": {"max_sessions": 4}})
+    r = cli("report", foreign, "--min-sessions", "3", "--draft-cost", "0.08", "--replicates", "50")
+    steps = next_steps(r.stdout)
+    generate = steps[0]
+    assert generate.startswith("mtp-observe generate own-2.jsonl ") and "--max-sessions 4" in generate  # sized
+    assert generate.endswith(" -o own-3.jsonl"), generate  # not own.jsonl (it exists), not own-2.jsonl (the input)
+    assert steps[1] == "mtp-observe replay own-3.jsonl --model /nonexistent/model --k 3"
+    assert steps[2] == "mtp-observe report --min-sessions 3 --draft-cost 0.08 --replicates 50"
+    declared = steps[3]
+    assert declared == f"mtp-observe report {foreign} --min-sessions 3 --recorded-with PROFILE --draft-cost 0.08 --replicates 50"
+    done = cli(*shlex.split(declared.replace("PROFILE", "thinking"))[1:])  # the sampler the user knows, as printed
+    assert done.returncode == 0 and "thinking" in done.stdout.split("\nnext:", 1)[0], done.stdout
+    assert "--recorded-with" in r.stdout and "own.jsonl " not in r.stdout
+    # a generate that would write over its own input is refused, in one line, exit 2
+    refused = cli("generate", "own-2.jsonl", "-o", "own-2.jsonl")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "one of the input files" in refused.stderr
+
+
+def test_two_causes_with_one_fix_print_it_once(tmp_path):
+    """Too few sessions and no interval both say: replay more sessions, then report; the step is printed once."""
+    run = write_run(tmp_path / "hand", hand_run_sessions(), k=2)
+    r = cli("report", run, "--replicates", REPLICATES)
+    data = json.loads(cli("report", run, "--format", "json", "--replicates", REPLICATES).stdout)
+    assert {"sessions", "interval"} <= {c["cause"] for c in data["verdict"]["causes"]}
+    assert r.stdout.count("mtp-observe replay MORE_SESSIONS.jsonl") == 1
+    assert data["verdict"]["next_steps"].count("mtp-observe report --replicates 200") == 1
+
+
+@pytest.mark.parametrize("gate", [None, "speedup>=1.0"])
+def test_the_headline_says_what_was_measured_and_never_sounds_like_a_pass_below_the_threshold(runs, gate):
+    extra = ("--gate", gate) if gate else ()
+    r = cli("report", runs["no_pay"], "--replicates", REPLICATES, *extra)
+    head = r.stdout.splitlines()[0]
+    speedup = read_and_summarize(runs["no_pay"], replicates=int(REPLICATES)).report.verdict.value
+    said = "gate speedup>=1.0" if gate else "informational: no --gate given"
+    assert head == f"NO-GO · K to run: 0 (do not speculate) · {said}; measured speedup {speedup:.3f} < 1, exit {r.returncode}"
+    assert r.returncode == (1 if gate else 0) and speedup < 1
+    good = cli("report", runs["go"], "--replicates", REPLICATES, *extra).stdout.splitlines()[0]
+    assert good.startswith(f"GO · K to run: 3 · {said}; measured speedup ") and ">= 1, exit 0" in good
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. The first screen's layout (issue 43, point 8)
+
+
+def test_export_force_of_a_tree_says_on_stderr_the_k_the_file_holds(runs):
+    """`export --force --tree S,TOPK,T` writes the tree's T steps (export_sglang_tree); its stderr said the chain's
+    best K instead."""
+    from types import SimpleNamespace
+
+    from mtp_observe.engines.exports import export_plan
+
+    report = read_and_summarize(runs["no_pay"], replicates=50).report
+    tree_steps = report.best_k + 2
+    with_tree = replace(report, trees=(SimpleNamespace(name=f"tree:{tree_steps},2,6", steps=tree_steps),))
+    plan = export_plan(with_tree, None, True, f"{tree_steps}, 2, 6")
+    assert plan.writes and f"written at tree {tree_steps}, 2, 6 (K={tree_steps}) because of --force" in plan.lines[1]
+    assert f"K={report.best_k} " not in plan.lines[1]
+    assert f"written at K={report.best_k} because of --force" in export_plan(report, None, True).lines[1]  # no tree
+
+
+def test_a_model_free_run_prints_no_dtype_where_none_ran(tmp_path):
+    run = write_run(tmp_path / "model-free", random_sessions(12, 3, 0.7, seed=4), k=3,
+                    manifest={"target_ran": False, "dtype": None})
+    r = cli_at_100_columns("report", run, "--replicates", REPLICATES)
+    assert r.returncode == 0 and "None" not in r.stdout, r.stdout
+    [where] = [line for line in r.stdout.splitlines() if line.startswith("run ")]
+    assert where.endswith(" · model /nonexistent/model · Kmax 3"), where
+
+
+def test_a_step_too_long_for_100_columns_gets_its_comment_on_a_line_of_its_own():
+    from mtp_observe.report.presentation import step_lines
+
+    short = "mtp-observe replay MORE_SESSIONS.jsonl  # at least 10 sessions (this run has 7)"
+    assert step_lines(short) == [f"  {short}"]
+    command = "mtp-observe export " + "reports/" + "x" * 40 + " --engine vllm -o vllm.json"  # 93 columns
+    assert step_lines(f"{command}  # vLLM's config and numbers") == ["  # vLLM's config and numbers", f"  {command}"]
+    assert all(len(line) <= 100 for line in step_lines(f"{command}  # vLLM's config and numbers"))

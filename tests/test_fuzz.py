@@ -78,7 +78,7 @@ def cli_property(directory, checkpoint, examples: int, fast: bool, command: str)
             fmt = data.draw(st.sampled_from([*FORMATS, "auto"]))
             raw, suffix = data.draw(log_files(fmt if fmt != "auto" else data.draw(st.sampled_from(ALL_SEEDED))))
             paths = write_input(raw, suffix, directory)
-            check_cli(["import", fmt, *map(str, paths), "-o", str(directory / "out.jsonl")], "cli import")
+            check_cli(["import", fmt, *map(str, paths), "-o", str(directory / "out.jsonl"), "--overwrite"], "cli import")
         else:
             raw, suffix = data.draw(log_files("canonical"))
             path = directory / f"input{suffix}"

@@ -440,13 +440,13 @@ def test_bad_input_is_one_line_naming_the_file_and_record_and_nothing_is_written
     path.write_text(json.dumps([good, {"task_id": 2, "trial": 0, "traj": "oops"}]))
     out = tmp_path / "out.jsonl"
     out.write_text("previous\n")
-    r = cli("tau-bench", path, "-o", out)
+    r = cli("tau-bench", path, "-o", out, "--overwrite")  # a file to replace: a failed import leaves it as it was
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert lines == [f"error: {path}: [1].traj: must be a list, not a string"], r.stderr
     assert out.read_text() == "previous\n"  # atomic: the old output stands
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "runs-airline.json"]
-    r = cli("tau-bench", path, "-o", out, "--on-error", "skip")
+    r = cli("tau-bench", path, "-o", out, "--on-error", "skip", "--overwrite")
     assert r.returncode == 0, r.stderr
     assert r.stderr.strip().splitlines() == [f"skipped: {path}: [1].traj: must be a list, not a string"]
     assert r.stdout.splitlines()[0] == f"{path}: 1 session (tau-bench, 1 skipped)"
@@ -502,7 +502,46 @@ def test_an_import_that_finds_no_session_is_refused_in_one_line_and_writes_nothi
     for argv, said in ((["auto", str(directory)], "no session found in 2 files (2 not a log format)"),
                        (["tau-bench", str(bad), "--on-error", "skip"], "no session found in 1 file (1 record skipped)"),
                        (["auto", str(bad), "--on-error", "skip"], "no session found in 1 file (1 record skipped)")):
-        code, stdout, err = run_cli(["import", *argv, "-o", str(out)])
+        code, stdout, err = run_cli(["import", *argv, "-o", str(out), "--overwrite"])
         assert code == 2 and len(err.strip().splitlines()) == 1 and said in err and "nothing was written" in err, err
         assert out.read_text() == "previous\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["logs", "out.jsonl", "runs-airline.json"]
+
+
+@needs_public
+def test_auto_over_a_folder_of_mixed_logs_skips_and_names_an_input_it_cannot_read_unless_on_error_fail(tmp_path):
+    """A folder holding an OpenAI Batch input whose output file is absent, beside a log auto reads: the Batch file is
+    skipped, counted and named (as files that are no log are); `--on-error fail` stops on it and writes nothing."""
+    batch = SESSIONS_PUBLIC / "openai-batch"
+    litellm = SESSIONS_PUBLIC / "litellm-standard-logging-payload"
+    out = tmp_path / "mixed.jsonl"
+    r = cli("auto", batch, litellm, "-o", out)
+    assert r.returncode == 0, r.stderr
+    [unread] = [line for line in r.stdout.splitlines() if "batch_job_results_furniture.jsonl" in line]
+    assert unread.endswith(": 0 sessions (openai-batch, cannot be read as a log, skipped)"), unread
+    assert r.stdout.splitlines()[-1] == f"wrote 1 session to {out}; 1 file skipped"
+    assert "skipped: " in r.stderr and "a Batch input file with no output file" in r.stderr
+    assert len([s for s in read_sessions([out]) if isinstance(s, Session)]) == 1
+    strict = cli("auto", batch, litellm, "-o", tmp_path / "strict.jsonl", "--on-error", "fail")
+    assert strict.returncode == 2 and strict.stderr.count("\n") == 1 and "no output file" in strict.stderr
+    assert not (tmp_path / "strict.jsonl").exists()
+    alone = cli("auto", batch, "-o", tmp_path / "alone.jsonl")  # nothing readable at all: refused, as before
+    assert alone.returncode == 2 and "no session found in 1 file (1 not a log format)" in alone.stderr, alone.stderr
+
+
+@needs_public
+def test_import_refuses_an_existing_output_without_overwrite_and_an_output_that_is_one_of_its_inputs(tmp_path):
+    log = SESSIONS_PUBLIC / "litellm-standard-logging-payload"
+    out = tmp_path / "mine.jsonl"
+    assert cli("auto", log, "-o", out).returncode == 0
+    before = out.read_text()
+    out.write_text("kept\n")
+    again = cli("auto", log, "-o", out)
+    assert again.returncode == 2 and again.stderr == f"error: --output {out}: exists; pass --overwrite to replace it, or choose another path\n"
+    assert out.read_text() == "kept\n"
+    replaced = cli("auto", log, "-o", out, "--overwrite")
+    assert replaced.returncode == 0 and out.read_text() == before
+    own = tmp_path / "own.jsonl"
+    shutil.copy(out, own)
+    over_input = cli("auto", own, "-o", own, "--overwrite")  # canonical sessions are no log, but the input is kept whole
+    assert over_input.returncode == 2 and "is one of the input files" in over_input.stderr and own.read_text() == before

@@ -140,3 +140,21 @@ def test_the_run_entries_refused_are_the_ones_tables_defines():
                  ".positions.parquet.part-00000003-r1.parquet.tmp-9"):
         assert outputs.RUN_TEMPORARY.fullmatch(name)
         assert entries._MANIFEST_TEMPORARY.fullmatch(name) or entries._GROUP_TEMPORARY.fullmatch(name)
+
+
+def test_every_command_refuses_an_output_that_is_one_of_its_inputs_in_one_line(run_dir, tiny_checkpoint, tmp_path):
+    """generate -o, import -o, replay --out, export -o and report --plot naming their own input: one line, exit 2,
+    the input untouched (issue 43, point 3: a printed `generate own.jsonl -o own.jsonl` would have run)."""
+    own = tmp_path / "own.jsonl"
+    own.write_text(json.dumps(SESSION) + "\n")
+    probe = tmp_path / "probe.json"
+    probe.write_text("{}\n")
+    model = ["--model", str(tiny_checkpoint)]
+    before = own.read_bytes()
+    for argv, said in ((["generate", str(own), "-o", str(own), *model], "is one of the input files"),
+                       (["import", "auto", str(own), "-o", str(own), "--overwrite"], "is one of the input files"),
+                       (["replay", str(own), "--out", str(own), *model, "--overwrite"], "is one of the inputs"),
+                       (["replay", str(tmp_path), "--out", str(tmp_path), *model], "is one of the inputs"),
+                       (["export", str(run_dir), "--probe", str(probe), "-o", str(probe)], "is one of the input files")):
+        _refused(argv, said)
+    assert own.read_bytes() == before and probe.read_text() == "{}\n"

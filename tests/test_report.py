@@ -574,8 +574,9 @@ def test_the_table_format_shows_every_k_slice_and_the_verdict(mixed_run):
     r = cli("report", str(mixed_run), "--gate", "tau_sim>=1.2", "--details")
     assert r.returncode == 0, r.stderr
     for text in ("τ_sim(K)", "τ(K) formula", "τ_thinking est", "★", "recording sampler", "by segment", "by context length",
-                 "0-4k", "by turn", "by session", "GO · K to run: 3 · gate tau_sim>=1.2, exit 0"):
+                 "0-4k", "by turn", "by session", "GO · K to run: 3 · gate tau_sim>=1.2; measured tau_sim "):
         assert text in r.stdout, text
+    assert r.stdout.splitlines()[0].endswith(" >= 1.2, exit 0")
 
 
 def test_an_80_column_terminal_gets_each_table_continued_below_it_with_no_number_truncated(big_run):

@@ -258,22 +258,26 @@ def import_(
     output: Annotated[Path, typer.Option("--output", "-o", help="Canonical session JSONL to write (replaced atomically).")],
     tools: Annotated[Optional[Path], typer.Option("--tools", help="OpenAI tool schemas (JSON list) for logs that lack them (used only where the log holds none).")] = None,
     system_template: Annotated[Optional[Path], typer.Option("--system-template", help="tau2-bench agent system prompt template with {domain_policy} (default: agent_system_prompt_template.txt beside the file).")] = None,
-    on_error: Annotated[OnError, typer.Option("--on-error", help="fail: stop at the first bad record and write nothing; skip: warn, count it and go on.")] = "fail",
+    on_error: Annotated[Optional[OnError], typer.Option("--on-error", help="fail: stop at the first bad record and write nothing; skip: warn, count it and go on (default: fail, but under auto a file found in a directory that cannot be read as a log is skipped and named; --on-error fail stops there too).")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --output (without it, an existing file is refused).")] = False,
 ) -> None:
     """Convert real agent logs to canonical session JSONL (one session per line), validated."""
     from ..sessions.importers import FORMATS, OPTIONS_READ, Options, import_files
 
     if fmt != "auto" and fmt not in FORMATS:
         raise OptionError(f"FORMAT {fmt}: expected one of {', '.join(FORMATS)} or auto")
+    strict, on_error = on_error == "fail", on_error or "fail"
     _check_on_error(on_error)
     check_writable(output, "--output", inputs=[*files, tools, system_template])
+    if not overwrite and output.exists():
+        raise OptionError(f"--output {output}: exists; pass --overwrite to replace it, or choose another path")
     for option, value in (("tools", tools), ("system_template", system_template)):
         readers = OPTIONS_READ[option]
         if value is not None and fmt != "auto" and fmt not in readers:
             raise OptionError(f"--{option.replace('_', '-')} applies to {', '.join(readers)}; name that FORMAT instead of {fmt}")
     warnings: list[str] = []  # said once the import succeeds: a refusal's stderr is its one line
     counts = import_files(fmt, files, output, Options(tools=tools, system_template=system_template), on_error=on_error,
-                          warn=warnings.append)
+                          warn=warnings.append, strict=strict)
     for message in warnings[:20]:
         say(err, f"skipped: {message}")
     if len(warnings) > 20:
@@ -283,4 +287,5 @@ def import_(
         notes += [f"{n} {kind.replace('_', ' ')} dropped" for kind, n in sorted(c.dropped.items())]
         say(out, f"{c.path}: {plural(c.sessions, 'session')} ({', '.join(notes)})")
     total = sum(c.sessions for c in counts)
-    say(out, f"wrote {plural(total, 'session')} to {output}")
+    unread = sum(c.note.endswith(", skipped") for c in counts)  # files found in a directory that are no readable log
+    say(out, f"wrote {plural(total, 'session')} to {output}" + (f"; {plural(unread, 'file')} skipped" if unread else ""))

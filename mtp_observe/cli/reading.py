@@ -130,6 +130,8 @@ def export(
     min_support: Annotated[float, typer.Option("--min-support", "--min-on-policy", help="As report --min-support.")] = 0.95,
     batch: Annotated[str, typer.Option("--batch", help="Batch size B (or LO-HI) where the verdict is judged, as report --batch.")] = "1",
     device_spec: Annotated[Optional[str], typer.Option("--device-spec", help="The roofline's device, as report --device-spec.")] = None,
+    batch_sizes: Annotated[Optional[str], typer.Option("--batch-sizes", help="The roofline's batch sizes, as report --batch-sizes.")] = None,
+    context: Annotated[Optional[float], typer.Option("--context", help="Tokens of context for the roofline, as report --context.")] = None,
     probe: Annotated[Optional[Path], typer.Option(help="probe.json: measured c and v(K) (they choose the best K).")] = None,
     draft_cost: Annotated[Optional[float], typer.Option(help="c = draft step / target decode step (default: roofline).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Write even when the verdict is not GO at a K that pays "
@@ -143,6 +145,7 @@ def export(
     SGLang's and TensorRT-LLM's simulated acceptance, Model-Optimizer's speculation_profile.json, AIConfigurator's
     nextn. It follows the verdict (said on stderr): a run that is not GO at a K that pays is refused with exit 1
     unless --force (imports no torch)."""
+    from ..cost.speedup import parse_batches
     from ..engines.exports import ENGINES, export as render, export_plan
     from ..report import parse_gate, read_and_summarize
     from ..report.flags import VLLM_DRAFTERS
@@ -155,7 +158,8 @@ def export(
                           "trees): use it with --engine sglang and without --k")
     options = dict(probe=probe, draft_cost=draft_cost, replicates=replicates, seed=seed, min_sessions=min_sessions,
                    gate=parse_gate(gate) if gate is not None else None, recorded_with=recorded_with, batch=batch,
-                   device_spec=device_spec, min_support=min_support)
+                   device_spec=device_spec, min_support=min_support, context=context,
+                   batch_sizes=parse_batches(batch_sizes) if batch_sizes is not None else None)
     reading = read_and_summarize(run, drafter=drafter, **options)
     chosen = None
     if drafter is None and tree is None and len(reading.report.ranking) > 1:
@@ -169,7 +173,7 @@ def export(
         said = "the best drafter of the run's ranking" if best == winner else \
             f"the best drafter of the run's ranking that {engine} runs ({winner} ranks first)"
         chosen = f"exporting {best}: {said}; --drafter NAME exports another"
-    plan = export_plan(reading.report, k, force)
+    plan = export_plan(reading.report, k, force, tree)
     if not plan.writes:  # one line, why
         say(err, plan.lines[0])
         raise typer.Exit(code=plan.exit_code)
@@ -204,6 +208,8 @@ def compare(
     min_support: Annotated[float, typer.Option("--min-support", "--min-on-policy", help="As report --min-support.")] = 0.95,
     batch: Annotated[str, typer.Option("--batch", help="Batch size B (or LO-HI) where the verdict is judged, as report --batch.")] = "1",
     device_spec: Annotated[Optional[str], typer.Option("--device-spec", help="The roofline's device, as report --device-spec.")] = None,
+    batch_sizes: Annotated[Optional[str], typer.Option("--batch-sizes", help="The roofline's batch sizes, as report --batch-sizes.")] = None,
+    context: Annotated[Optional[float], typer.Option("--context", help="Tokens of context for the roofline, as report --context.")] = None,
     probe: Annotated[Optional[Path], typer.Option(help="probe.json: measured c and v(K) (they choose the best K).")] = None,
     draft_cost: Annotated[Optional[float], typer.Option(help="c = draft step / target decode step (default: roofline).")] = None,
     replicates: Annotated[int, typer.Option(help="Bootstrap resamples of sessions.")] = 1000,
@@ -211,6 +217,7 @@ def compare(
 ) -> None:
     """The engine's own acceptance counters against the run: exit 0 when they agree, 1 when not. It opens with the
     run's verdict, judged with the options that shape it (as report's)."""
+    from ..cost.speedup import parse_batches
     from ..engines.check import check
     from ..engines.exports import read_engine_metrics
     from ..errors import EngineMetricsError
@@ -224,7 +231,8 @@ def compare(
     reading = read_and_summarize(run, drafter=drafter, probe=probe, draft_cost=draft_cost, replicates=replicates,
                                  seed=seed, min_sessions=min_sessions, gate=parse_gate(gate) if gate is not None else None,
                                  recorded_with=recorded_with, min_support=min_support, batch=batch,
-                                 device_spec=device_spec)
+                                 device_spec=device_spec, context=context,
+                                 batch_sizes=parse_batches(batch_sizes) if batch_sizes is not None else None)
     result = check(reading.report, measured, k, traffic)
     v = reading.report.verdict
     say(out, f"run verdict: {v.headline}: {v.reason}")

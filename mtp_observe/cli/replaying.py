@@ -158,6 +158,7 @@ def replay(
     """Replay sessions through the target with the MTP head (and other drafters) alongside; write the run directory."""
     from ..drafting.drafters.roster import NEEDS_MTP, parse_drafters
     from ..drafting.drafters.suffix import SuffixConfig
+    from ..outputs import check_not_an_input
     from ..run.estimate import estimate_line
     from ..run.manifest import default_run_dir
     from ..run.options import ReplayOptions
@@ -179,6 +180,7 @@ def replay(
     bundled = model is None
     model_dir = _model_dir(model)
     out_path = out_dir or default_run_dir()
+    check_not_an_input(out_path, "--out", files)  # the run would be written over what it reads
     extra, declared = _parse_sampling(sampling or [], recorded_with)
     opts = ReplayOptions(k=k, chunk_size=chunk_size, device=device, dtype=dtype,
                          profiles=_with_defaults(extra, model_dir) if not model_free else (), recorded_with=declared,

@@ -451,9 +451,10 @@ class ExportPlan:
         return 0 if self.writes else 1
 
 
-def export_plan(report: Report, k: int | None = None, force: bool = False) -> ExportPlan:
+def export_plan(report: Report, k: int | None = None, force: bool = False, tree: str | None = None) -> ExportPlan:
     """export follows the verdict: a verdict that serves (GO at a K that pays) is written with the verdict on stderr;
-    any other is refused in one line, unless force, which writes it and says it is not recommended."""
+    any other is refused in one line, unless force, which writes it and says it is not recommended (at the K the
+    file holds: --k, a --tree's steps, else the best K)."""
     v = report.verdict
     said = f"verdict: {v.headline}: {v.reason}"
     if v.serves:
@@ -463,7 +464,10 @@ def export_plan(report: Report, k: int | None = None, force: bool = False) -> Ex
         return ExportPlan(False, (f"not exported: {v.status}, K to run 0 ({v.reason}); nothing is written; "
                                   "--force writes it anyway, not recommended",))
     at = k if k is not None else report.best_k
-    return ExportPlan(True, (said, f"not recommended: written at K={at} because of --force; the verdict is {v.status} "
+    written = next((t for t in report.trees if tree is not None and t.name == "tree:" + ",".join(
+        x.strip() for x in tree.split(","))), None)  # export_sglang_tree writes the tree's steps
+    what = f"tree {tree} (K={written.steps})" if written is not None else f"K={at}"
+    return ExportPlan(True, (said, f"not recommended: written at {what} because of --force; the verdict is {v.status} "
                                    "and its K to run is 0"))
 
 

@@ -6,11 +6,20 @@ Contract:
     no_interval(facts, text) -> Cause     one UNRELIABLE cause each: a short reason, the full detail, the fix
     after_go(facts), after_no_go(facts) -> tuple[str, ...]
                                           the next steps of a verdict that is not UNRELIABLE
+    command(verb, *arguments, settings=..., **changes) -> str
+                                          one mtp-observe command line that judges the run again (report, export,
+                                          compare), carrying the report's own options in force (Settings), so the
+                                          step reaches the verdict it is printed under
+    free_output(inputs, stem="own") -> str
+                                          an output name that exists nowhere yet and is none of the inputs
 
 Every cause the judge (verdict.py) finds is kept, in this order: the run is unfinished, no target ran, the traffic
 fits no sampler, too few sessions, no interval. A step is a command line to paste (paths shell-quoted, the run's
 own inputs and model), optionally followed by two spaces, '#' and what it is for; views print them as they are
-(through literal.py: the paths are the user's).
+(through literal.py: the paths are the user's). A step that judges the run again (report, export, compare) is made
+by `command` from the report's settings (--min-sessions, --recorded-with, --batch, --device-spec, --draft-cost,
+--probe, --gate, ...): `report RUN --min-sessions 7` that says GO prints an `export` with `--min-sessions 7`, which
+exits 0 as the GO promises (tests/test_advice.py runs every printed step).
 
 Why sessions, not turns (the --min-sessions rule): sessions differ far more than turns within one. Two sampled
 loops over the same ten prompts (the bundled model, the same sampler, another seed) made 2.42 and 2.90 tokens per
@@ -21,11 +30,12 @@ it is the default; below it the estimates are shown with the turn-level interval
 
 from __future__ import annotations
 
+import os
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from .metrics import MIN_SESSIONS_FOR_BOOTSTRAP, MIN_SESSIONS_FOR_VERDICT
+from .metrics import MIN_SESSIONS_FOR_BOOTSTRAP, MIN_SESSIONS_FOR_VERDICT, MIN_SUPPORT
 from .recording import candidate_stats
 
 if TYPE_CHECKING:
@@ -38,8 +48,73 @@ CAUSES = ("unfinished", "model-free", "sampler", "sessions", "interval")  # the 
 
 
 @dataclass(frozen=True)
+class Settings:
+    """The report's options in force, as `report` (or `export`, `compare`) was given them; the defaults are the
+    commands' own, and a default is never printed."""
+
+    drafter: str | None = None  # --drafter (None: the commands' default)
+    gate: str | None = None  # --gate, normalised ("speedup>=1.2"); None: informational
+    min_sessions: int = MIN_SESSIONS_FOR_BOOTSTRAP  # --min-sessions
+    recorded_with: str | None = None  # --recorded-with
+    min_support: float = MIN_SUPPORT  # --min-support
+    batch: str = "1"  # --batch B or LO-HI
+    batch_sizes: tuple[int, ...] | None = None  # --batch-sizes
+    device_spec: str | None = None  # --device-spec
+    context: float | None = None  # --context
+    probe: str | None = None  # --probe FILE
+    draft_cost: float | None = None  # --draft-cost
+    replicates: int = 1000  # --replicates
+    seed: int = 0  # --seed
+
+
+ROOFLINE_ONLY = ("batch_sizes", "device_spec", "context")  # what --probe and --draft-cost refuse beside them
+
+
+def _number(x: float) -> str:
+    return repr(float(x)) if float(x) != int(x) else str(int(x))
+
+
+def options_of(s: Settings) -> list[str]:
+    """The command-line options of s that differ from the defaults, in --help order, values shell-quoted."""
+    d = Settings()
+    pairs = [("--drafter", s.drafter, d.drafter), ("--gate", s.gate, d.gate),
+             ("--min-sessions", s.min_sessions, d.min_sessions), ("--recorded-with", s.recorded_with, d.recorded_with),
+             ("--min-support", s.min_support, d.min_support), ("--batch", s.batch, d.batch),
+             ("--batch-sizes", ",".join(map(str, s.batch_sizes)) if s.batch_sizes else None, None),
+             ("--device-spec", s.device_spec, d.device_spec), ("--context", s.context, d.context),
+             ("--probe", s.probe, d.probe), ("--draft-cost", s.draft_cost, d.draft_cost),
+             ("--replicates", s.replicates, d.replicates), ("--seed", s.seed, d.seed)]
+    out = []
+    for option, value, default in pairs:
+        if value is None or value == default:
+            continue
+        text = _number(value) if isinstance(value, float) else str(value)
+        out.append(f"{option} {text if text == 'PROFILE' else shlex.quote(text)}")
+    return out
+
+
+def command(verb: str, *arguments: str, settings: Settings = Settings(), **changes) -> str:
+    """`mtp-observe VERB ARGUMENTS OPTIONS`: arguments as given (already quoted), then the settings with `changes`
+    (a field set to another value, or None/its default to leave it out)."""
+    s = replace(settings, **changes)
+    return " ".join(["mtp-observe", verb, *arguments, *options_of(s)])
+
+
+def free_output(inputs: tuple[str, ...], stem: str = "own", suffix: str = ".jsonl") -> str:
+    """own.jsonl, else own-2.jsonl, own-3.jsonl, ...: the first name that exists nowhere yet (nor its .partial) and
+    is none of the inputs (relative to where the commands run)."""
+    taken = {os.path.realpath(i) for i in inputs}
+    n = 1
+    while True:
+        name = f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}"
+        if not (os.path.lexists(name) or os.path.lexists(name + ".partial") or os.path.realpath(name) in taken):
+            return name
+        n += 1
+
+
+@dataclass(frozen=True)
 class Facts:
-    """What the next-step commands are made of: the run's own path, inputs and model."""
+    """What the next-step commands are made of: the run's own path, inputs and model, the report's settings."""
 
     path: str  # the run directory
     inputs: tuple[str, ...]  # run.json inputs, as given to replay
@@ -49,6 +124,10 @@ class Facts:
     k: int  # Kmax replayed
     drafter: str  # the drafter judged
     cost_source: str  # "probe" | "draft-cost" | "roofline" | ... (denominator.Cost.source)
+    settings: Settings = field(default_factory=Settings)  # the report's options in force
+    drafters: tuple[str, ...] = ("mtp",)  # every drafter of the run (run.json order)
+    max_sessions: int | None = None  # the replay's --max-sessions (the sessions it replayed)
+    own: str = "own.jsonl"  # a name for generate's output that exists nowhere yet (free_output)
 
 
 @dataclass(frozen=True)
@@ -61,13 +140,18 @@ class Cause:
     steps: tuple[str, ...]  # commands that fix it, in order
 
 
-def facts_of(run: "Run", cost_source: str) -> Facts:
+def facts_of(run: "Run", cost_source: str, settings: Settings | None = None) -> Facts:
+    from .run import run_drafters
+
     m = run.manifest
     model = m.get("model") or {}
     inputs = tuple(str(i.get("path")) for i in (m.get("inputs") or []) if isinstance(i, dict) and i.get("path"))
+    limit = (m.get("options") or {}).get("max_sessions")
     return Facts(path=str(run.path), inputs=inputs, model=model.get("path"), bundled=bool(model.get("bundled")),
                  profiles=tuple(p for p in run.profiles if p != "recorded"), k=run.k, drafter=run.drafter,
-                 cost_source=cost_source)
+                 cost_source=cost_source, settings=settings or Settings(), drafters=run_drafters(m),
+                 max_sessions=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
+                 own=free_output(inputs))
 
 
 def _q(text: str) -> str:
@@ -123,19 +207,20 @@ def model_free(f: Facts, recording: "RecordingSampler") -> Cause:
 def sampler(f: Facts, recording: "RecordingSampler") -> Cause:
     """The traffic fits no sampler (or not the declared one): regenerate it as the target's own, or declare it."""
     if recording.name is None:
-        reason = (f"the recorded tokens fit none of the {len(recording.candidates)} samplers of this target, so "
-                  "acceptance against them does not predict serving")
+        reason = (f"the recorded tokens fit none of the {len(recording.candidates)} samplers of this target: "
+                  "no serving prediction")
     else:
         pick = recording.candidate(recording.name)
         reason = (f"the recorded tokens do not fit {recording.label}" + (f" ({candidate_stats(pick)})" if pick else "")
                   + ", so acceptance against them does not predict serving")
-    own = "own.jsonl"
-    steps = (f"mtp-observe generate {_inputs(f)}{_model(f)} -o {own}  # the target's own completions of these turns",
-             f"mtp-observe replay {own}{_model(f)}{_k(f)}",
-             "mtp-observe report")
+    own = f.own
+    limit = f" --max-sessions {f.max_sessions}" if f.max_sessions is not None else ""  # the sessions the run replayed
+    steps = (f"mtp-observe generate {_inputs(f)}{_model(f)}{limit} -o {_q(own)}  # own completions",
+             f"mtp-observe replay {_q(own)}{_model(f)}{_k(f)}",
+             command("report", settings=f.settings, recorded_with=None))  # the newest run: the replay's
     detail = recording.reason
     if f.profiles:
-        steps += (f"mtp-observe report {_q(f.path)} --recorded-with PROFILE  # or: the sampler you know it was recorded with",)
+        steps += (command("report", _q(f.path), settings=f.settings, recorded_with="PROFILE") + "  # or: its known sampler",)
         detail += f"; --recorded-with takes one of {', '.join(f.profiles)}"
     return Cause("sampler", reason, detail, steps)
 
@@ -144,32 +229,47 @@ def too_few_sessions(f: Facts, sessions: int, minimum: int) -> Cause:
     word = "session" if sessions == 1 else "sessions"
     return Cause(
         "sessions",
-        f"{sessions} {word}, fewer than --min-sessions {minimum}: sessions differ far more than turns within one, "
-        "so the numbers hold within these sessions only",
+        f"{sessions} {word}, fewer than --min-sessions {minimum}: the numbers hold within these sessions only",
         f"{sessions} {word}, fewer than --min-sessions {minimum}: two sampled loops over the same ten prompts (same "
         "model and sampler, another seed) made 2.42 and 2.90 tokens per step, a difference a bootstrap of turns "
         f"within {sessions} {word} cannot see; replay at least {minimum} sessions",
         (f"mtp-observe replay MORE_SESSIONS.jsonl{_model(f)}{_k(f)}  # at least {minimum} sessions (this run has "
-         f"{sessions}), then report",),
+         f"{sessions})", command("report", settings=f.settings)),
     )
 
 
 def no_interval(f: Facts, text: str) -> Cause:
     return Cause("interval", text, text,
-                 (f"mtp-observe replay MORE_SESSIONS.jsonl{_model(f)}{_k(f)}  # more sessions and turns, then report",))
+                 (f"mtp-observe replay MORE_SESSIONS.jsonl{_model(f)}{_k(f)}  # more sessions and turns",
+                  command("report", settings=f.settings)))
 
 
 def after_go(f: Facts, k: int) -> tuple[str, ...]:
     if k == 0:
         return ()
-    return (f"mtp-observe export {_q(f.path)} --engine vllm -o vllm.json  # the config and the numbers vLLM should show",
-            f"mtp-observe compare {_q(f.path)} --engine-metrics metrics.txt  # once served: the engine's own counters "
-            "(its /metrics) against the run")
+    # export exports the ranking's winner by default: name the drafter judged here when the run has several
+    drafter = f.settings.drafter or (f.drafter if len(f.drafters) > 1 else None)
+    return (command("export", _q(f.path), "--engine vllm -o vllm.json", settings=f.settings, drafter=drafter)
+            + "  # vLLM's config and numbers",
+            command("compare", _q(f.path), "--engine-metrics metrics.txt", settings=f.settings, drafter=drafter)
+            + "  # once served: its counters")
 
 
 def after_no_go(f: Facts) -> tuple[str, ...]:
     if f.cost_source == "roofline":
         return (f"mtp-observe probe {_q(f.model) if f.model else 'MODEL'} -o probe.json  # on your GPU: the measured "
                 "draft and verify cost instead of the roofline",
-                f"mtp-observe report {_q(f.path)} --probe probe.json")
+                command("report", _q(f.path), settings=f.settings, probe="probe.json",
+                        **{name: None for name in ROOFLINE_ONLY}))
     return ()
+
+
+def distinct(steps) -> tuple[str, ...]:
+    """The steps in order, a command already listed (its comment aside) left out: two causes with one fix print it once."""
+    seen, out = set(), []
+    for step in steps:
+        line = step.split("  #", 1)[0]
+        if line not in seen:
+            seen.add(line)
+            out.append(step)
+    return tuple(out)

@@ -68,8 +68,20 @@ def verdict_lines(report: Report) -> list[str]:
     lines += serve_lines(report)
     if v.next_steps:
         lines.append("next:")
-        lines += [f"  {step}" for step in v.next_steps]
+        lines += [line for step in v.next_steps for line in step_lines(step)]
     return lines
+
+
+STEP_WIDTH = 100  # a step longer than this (indent included) gets its comment on a line of its own
+
+
+def step_lines(step: str, width: int = STEP_WIDTH) -> list[str]:
+    """A next step as printed: '  COMMAND  # what for' on one line when it fits in `width` columns, else the comment
+    on its own line above the command (a terminal never wraps a pasted command in the middle of its comment)."""
+    command, _, comment = step.partition("  # ")
+    if not comment or len(step) + 2 <= width:
+        return [f"  {step}"]
+    return [f"  # {comment}", f"  {command}"]
 
 
 def number_lines(report: Report, comparison: Comparison | None = None) -> list[str]:
@@ -84,14 +96,14 @@ def number_lines(report: Report, comparison: Comparison | None = None) -> list[s
              f"intervals: {interval}; draft cost c = {report.cost.c:.3f} ({report.cost.source})"]
     rec = report.recording
     if rec is not None and not rec.checked:
-        lines.append("recording sampler: not checked (no target ran)")
+        lines.append("sampler: not checked (no target ran)")
     elif rec is not None and rec.name is None:
         closest = max(rec.candidates, key=lambda c: c.log_likelihood, default=None)
-        lines.append(f"recording sampler: none of {len(rec.candidates)} fits"
+        lines.append(f"sampler: none of {len(rec.candidates)} fits"
                      + (f"; closest {candidate_stats(closest)}" if closest is not None else ""))
     elif rec is not None:
         pick = rec.candidate(rec.name)
-        lines.append(f"recording sampler: {rec.label} — {'fits' if rec.fits else 'DOES NOT FIT'}"
+        lines.append(f"sampler: {rec.label} — {'fits' if rec.fits else 'DOES NOT FIT'}"
                      + (f" ({candidate_stats(pick).split(': ', 1)[1]})" if pick is not None else ""))
     lines += slice_lines(report)
     if len(report.drafters) > 1 and report.ranking:
@@ -109,9 +121,12 @@ def number_lines(report: Report, comparison: Comparison | None = None) -> list[s
                      f"{delta_cell(d, 'speedup', kc - 1, f'speedup@K={kc}')}, Δτ_sim "
                      f"{delta_cell(d, 'tau_sim', kc - 1, f'tau_sim@K={kc}')} (current - baseline; {FLAG} = its "
                      f"{report.level:.0%} interval excludes 0)")
-    model = (m.get("model") or {}).get("path", "?")
-    lines.append(f"run {report.path} · {m.get('status')} · {plural(sessions, 'session')}, {plural(o.anchors, 'anchor')} · "
-                 f"model {model} · {m.get('dtype')} · Kmax {report.k}")
+    model = m.get("model") or {}
+    where = "bundled model" if model.get("bundled") else f"model {model.get('path', '?')}"
+    dtype = f" · {m['dtype']}" if m.get("dtype") else ""  # a model-free run ran no target: no dtype
+    status = "" if m.get("status") == "complete" else f" · {m.get('status')}"  # another status is a cause above too
+    lines.append(f"run {report.path}{status} · {plural(sessions, 'session')}, {plural(o.anchors, 'anchor')} · "
+                 f"{where}{dtype} · Kmax {report.k}")
     return lines
 
 
@@ -124,16 +139,16 @@ def slice_lines(report: Report) -> list[str]:
     if segments:
         worst = min(segments, key=lambda s: float(s.value.alpha[0]))
         best = max(segments, key=lambda s: float(s.value.alpha[0]))
-        parts.append(f"worst segment {worst.name}: α_1 {cell(worst, 'alpha', 0)} over {plural(worst.anchors, 'anchor')}"
-                     + (f" (best {best.name} {num(best.value.alpha[0])})" if best is not worst else ""))
+        parts.append(f"worst segment {worst.name}: α_1 {cell(worst, 'alpha', 0)} ({plural(worst.anchors, 'anchor')}"
+                     + (f"; best {best.name} {num(best.value.alpha[0])})" if best is not worst else ")"))
     context = [s for s in report.context if math.isfinite(float(s.value.tau_sim[k - 1]))]
     if len(context) > 1:
         worst = min(context, key=lambda s: float(s.value.tau_sim[k - 1]))
         parts.append(f"worst context {worst.name}: τ_sim {cell(worst, 'tau_sim', k - 1)}, speedup "
                      f"{cell(worst, 'speedup', k - 1)}")
     elif context:
-        parts.append(f"every anchor in context {context[0].name}")
-    return ["slices: " + "; ".join(parts)] if parts else []
+        parts.append(f"context {context[0].name} only")
+    return ["; ".join(parts)] if parts else []
 
 
 def k_label(report: Report, k: int) -> str:
@@ -166,7 +181,7 @@ def summary_table(report: Report, comparison: Comparison | None = None) -> TextT
 def first_screen(report: Report, comparison: Comparison | None = None) -> list:
     """What `report` prints without --details: lines and one table (at most about 40 lines at 100 columns)."""
     notes = len(report.notes)
-    more = ("more: --details (every table, τ variant, slice, sampler, batch size, drafter"
+    more = ("more: --details (every table, τ variant, slice, sampler, batch, drafter"
             + (f"; {plural(notes, 'note')}" if notes else "") + ") or --format json")
     return [*verdict_lines(report), *number_lines(report, comparison), summary_table(report, comparison), more]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..cost.speedup import DEFAULT_BATCHES, parse_gated
 from ..errors import OptionError
 from ..run.tables import read_manifest
-from .advice import DEFAULT_MIN_SESSIONS, FLOOR_MIN_SESSIONS
+from .advice import DEFAULT_MIN_SESSIONS, FLOOR_MIN_SESSIONS, Settings
 from .baseline import Comparison, compare
 from .denominator import _finite, cost_table, drafter_table
 from .drafters import summarize_drafters
@@ -90,7 +90,13 @@ def read_and_summarize(
         raise OptionError(f"{' and '.join(roofline_options)} shape the roofline, but --probe/--draft-cost give a measured "
                           "or fixed cost: pass one of them (a probe's batch sizes and context are its own: probe --batch)")
     run = loaded if loaded is not None else load_run(path if path is not None else newest_run(root), drafter)  # loaded: read already
-    options = dict(replicates=replicates, seed=seed, gate=gate, min_support=min_support, min_sessions=min_sessions)
+    settings = Settings(drafter=drafter, gate=gate.text if gate is not None else None, min_sessions=min_sessions,
+                        recorded_with=recorded_with, min_support=min_support, batch=batch,
+                        batch_sizes=tuple(batch_sizes) if batch_sizes is not None else None, device_spec=device_spec,
+                        context=context, probe=str(probe) if probe is not None else None, draft_cost=draft_cost,
+                        replicates=replicates, seed=seed)  # what the next steps carry (advice.command)
+    options = dict(replicates=replicates, seed=seed, gate=gate, min_support=min_support, min_sessions=min_sessions,
+                   settings=settings)
     table = cost_table(run, probe=probe, draft_cost=draft_cost, device_spec=device_spec, context=context,
                        batch_sizes=tuple(sorted(set(batch_sizes or DEFAULT_BATCHES) | {lo, hi})))
     report = summarize_at_batch(run, drafter_table(table, run.drafter), (lo, hi), recorded_with=recorded_with, **options)

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..cost.speedup import StepTimes, batch_speedup, best_k, break_even, check_schedule, schedule
 from ..errors import OptionError
-from .advice import DEFAULT_MIN_SESSIONS, FLOOR_MIN_SESSIONS, Facts, facts_of
+from .advice import DEFAULT_MIN_SESSIONS, FLOOR_MIN_SESSIONS, Facts, Settings, facts_of
 from .denominator import Cost, CostTable
 from .metrics import MIN_SUPPORT, Counts, percentile_interval, rates, top_k
 from .recording import RecordingSampler, recording_sampler
@@ -95,6 +95,7 @@ def summarize(
     min_support: float = MIN_SUPPORT,
     recorded_with: str | None = None,
     min_sessions: int = DEFAULT_MIN_SESSIONS,
+    settings: Settings | None = None,
 ) -> Report:
     """Every metric, slice, interval, the recording sampler and the verdict for one run (ACCEPTANCE.md, 'Metrics')."""
     assert replicates >= 1, replicates
@@ -144,7 +145,7 @@ def summarize(
     # 5. The recording sampler, the best K (by τ_sim's speedup) and the verdict.
     recording = recording_sampler(run, overall.value, recorded_with, min_support)
     k = top_k(overall.value.speedup)
-    facts = facts_of(run, cost.source)
+    facts = facts_of(run, cost.source, settings)  # settings: the report's options, for the next steps
     verdict = judge(overall, k, gate, recording, str(run.manifest.get("status", "unknown")), S, plan, facts, min_sessions)
     notes = list(run.notes) + ([plan.note] if plan.note else []) + context_notes(run) + list(cost.notes)
     return Report(

@@ -99,17 +99,30 @@ class Verdict:
 
     @property
     def headline(self) -> str:
-        """The verdict in one short line: status, the K to run, what it means."""
+        """The verdict in one short line: status, the K to run, what was measured against the gate and what it means
+        (never a pass when the number misses the threshold), the exit code."""
         if self.serves:
             what = f"K to run: {self.run_k}"
-        elif self.status == "GO":
-            what = "K to run: 0 (do not speculate: no K has a speedup above 1)"
-        elif self.status == "NO-GO":
-            what = "K to run: 0 (do not speculate: serve without speculative decoding)"
+        elif self.status == "UNRELIABLE":
+            what = "K to run: 0"  # why: the next line
         else:
-            what = "K to run: 0 (no configuration yet)"
-        gate = f"gate {self.gate.text}" if self.enforced else f"{self.gate.text}, no --gate: informational"
-        return f"{self.status} · {what} · {gate}, exit {self.exit_code}"
+            what = "K to run: 0 (do not speculate)"
+        gate = f"gate {self.gate.text}" if self.enforced else "informational: no --gate given"
+        return f"{self.status} · {what} · {gate}; {self.measured}, exit {self.exit_code}"
+
+    @property
+    def measured(self) -> str:
+        """The gated metric against the threshold in words: 'measured speedup 0.681 < 1'; a value that clears it
+        with a 95% lower bound that does not says both."""
+        name, t = self.gate.metric, self.gate.threshold
+        if not math.isfinite(self.value):
+            return f"{name} not measured (no anchors)"
+        said = f"measured {name} {self.value:.3f}"
+        if self.value < t:
+            return f"{said} < {t:g}"
+        if math.isfinite(self.lower) and self.lower < t:
+            return f"{said} but its 95% lower bound {self.lower:.3f} < {t:g}"
+        return f"{said} >= {t:g}"
 
 
 def judge(overall: "Slice", k: int, gate: Gate | None, recording: RecordingSampler, status: str, sessions: int,
@@ -146,7 +159,7 @@ def judge(overall: "Slice", k: int, gate: Gate | None, recording: RecordingSampl
     pays = math.isfinite(speedup) and speedup > 1.0
     if causes:
         state, reason, run_k = "UNRELIABLE", causes[0].reason, 0
-        steps = tuple(step for c in causes for step in c.steps)
+        steps = advice.distinct(step for c in causes for step in c.steps)
     elif lower >= gate.threshold:
         state, run_k = "GO", (k if pays else 0)
         reason = f"{gate.metric} {where} = {value:.3f}, 95% lower bound {lower:.3f} >= {gate.threshold:g}"

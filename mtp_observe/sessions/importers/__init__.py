@@ -28,7 +28,9 @@ allows (JSON-lines formats are streamed; single-document formats are parsed whol
 `auto` detects each file's format (`detect`) and refuses a file it does not recognise in one
 line listing the formats. Inputs may be gzip-compressed (read through gzip whatever their name),
 directories (every .json/.jsonl/.yaml/.yml/.log file below, .gz too, recursively, in sorted
-order; under `auto` a file there that is no log format is reported and skipped) or "-" for
+order; under `auto` a file there that is no log format, or that cannot be read as one (an OpenAI
+Batch input without its output file), is reported, counted and skipped, unless strict: an explicit
+`--on-error fail`) or "-" for
 standard input. Every session carries the same `meta` shape (common.py): importer {format,
 file, record}, original, sampling, missing, supplied, dropped. Records a format drops on purpose
 (failed requests, calls logged without content) are counted per file (`FileCount.dropped`).
@@ -157,6 +159,9 @@ def _classify_record(obj, lines: bool) -> str | None:
 # Converting and writing
 
 
+UNREADABLE = "cannot be read as a log, skipped"  # FileCount.note of a file in a directory its reader refused
+
+
 @dataclass(frozen=True)
 class SkippedRecord:
     path: str
@@ -219,13 +224,15 @@ def _line(session: dict, source: Source) -> str | SkippedRecord:
 
 
 def import_files(fmt: str, files, out: Path, options: Options = Options(), on_error: str = "fail",
-                 warn: Callable[[str], None] | None = None) -> list[FileCount]:
+                 warn: Callable[[str], None] | None = None, strict: bool = False) -> list[FileCount]:
     """Convert `files` (format `fmt`, or "auto" per file) into `out`, atomically (all or nothing).
 
     `files` may name directories (their log files, recursively, sorted) and "-" (standard input).
     on_error "fail": the first bad record raises its InputError and nothing is written;
     "skip": it is reported through `warn`, counted, and the import goes on (a file that cannot be
-    read at all is skipped whole). Session ids follow the reader's rule (sessions.py): ids made
+    read at all is skipped whole). Under auto, a file found in a directory that cannot be read as a log (its
+    reader refuses it before any session) is skipped whole and named, whatever on_error says, unless strict
+    (`--on-error fail` given). Session ids follow the reader's rule (sessions.py): ids made
     from a file's name use its `path_labels` label, so two files of one name give distinct ids,
     and a repeated id is a bad record naming both places. An input with no sessions (empty, only
     blank lines, or nothing to convert) is refused whatever on_error says."""
@@ -233,7 +240,7 @@ def import_files(fmt: str, files, out: Path, options: Options = Options(), on_er
     assert on_error in ("fail", "skip"), on_error
     check_inputs(files, missing_ok=True)  # before any work: an empty input
     counts: list[FileCount] = []
-    _write_atomically(out, _lines(fmt, files, options, on_error, warn, counts))
+    _write_atomically(out, _lines(fmt, files, options, on_error, warn, counts, strict))
     return counts
 
 
@@ -264,7 +271,7 @@ def _batch_outputs(fmt: str, inputs: list[tuple[Path, bool]]) -> tuple[list[tupl
     return rest, outputs
 
 
-def _lines(fmt, files, options, on_error, warn, counts: list[FileCount]) -> Iterator[str]:
+def _lines(fmt, files, options, on_error, warn, counts: list[FileCount], strict: bool = False) -> Iterator[str]:
     """The output's lines, file after file; appends one FileCount per file to `counts`."""
     ids = SessionIds()
 
@@ -313,6 +320,11 @@ def _lines(fmt, files, options, on_error, warn, counts: list[FileCount]) -> Iter
                 count.sessions += 1
                 yield line
         except InputError as e:
+            if fmt == "auto" and within and not strict and count.sessions == 0 and not count.skipped:
+                count.note = UNREADABLE  # a folder of mixed logs: this one cannot be read as a log; the others can
+                if warn is not None:
+                    warn(f"{e} (found in a directory: skipped)")
+                continue
             if on_error == "fail":
                 raise
             skip(count, str(e))  # the rest of this file cannot be read; the next file can
@@ -339,7 +351,7 @@ def _refuse_nothing_found(counts: list[FileCount], files) -> None:
     if any(c.sessions for c in counts):
         return
     read = [c for c in counts if not c.note.startswith("output")]  # an OpenAI Batch output is read with its input
-    not_logs = sum(c.note == "not a log, skipped" for c in read)
+    not_logs = sum(c.note in ("not a log, skipped", UNREADABLE) for c in read)
     skipped = sum(len(c.skipped) for c in read)
     dropped = sum(sum(c.dropped.values()) for c in read)
     parts = [f"{not_logs} not a log format" if not_logs else "", f"{skipped} record{'s' if skipped != 1 else ''} skipped"
