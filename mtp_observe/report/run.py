@@ -2,7 +2,7 @@
 
 Contract:
     load_run(path, drafter=None, variant=None, precision=None) -> Run
-                                     reads a run directory of schema_version 1, 2 or 3 (tables.py) and refuses anything
+                                     reads a run directory of schema_version 1 to 4 (tables.py) and refuses anything
                                      else in one line (RunDirectoryError): a complete run must agree with its
                                      manifest's counts, probabilities must lie in [0, 1] and log-probabilities at or
                                      below 0 (float slack: PROB_SLACK, LOGPROB_SLACK); a session is one (part file,

@@ -1,4 +1,4 @@
-"""The tables: the run directory's public contract (schema_version 3) and its atomic writing.
+"""The tables: the run directory's public contract (schema_version 4) and its atomic writing.
 
 Contract (PRODUCT.md): a run directory holds
 
@@ -134,7 +134,7 @@ Version 3, continued (past one machine: shards, merge, Ray; docs/scale.md):
     run.json `cluster`  a run replayed on Ray (`replay --ray`; cluster.py): {"engine": "ray", "address", "replicas",
                         "gpus_per_replica", "max_attempts", "replaced" (replicas that died and were replaced),
                         "retried" (sessions given to another replica after theirs died)}
-    run.json `errors`   each entry may carry "index" (the input index, for merge's order), and "turn": then it is one
+    run.json `errors`   each entry may carry "index" (the input index, for merge's order), and (v4) "turn": then it is one
                         assistant turn left out under --on-error skip (a turn the rendering cannot reconstruct,
                         sessions/rendering.TurnError), not a skipped session
 
@@ -162,7 +162,7 @@ read as before and lacks only what it never asked for):
                         target step's as served)}} (precisions.py)
 
 run.json keys:
-    schema_version      3 (version-1 and -2 runs are read too; they lack the keys marked "v2" / "Version 3": among them
+    schema_version      4 (version-1, -2 and -3 runs are read too; they lack the keys marked "v2" / "Version 3" / "v4": among them
                         model.weights_fingerprint, model.generation_config_sha256, options.device_map; the what-if keys
                         are optional in version 3 too)
     tool                {"name": "mtp-observe", "version": str}
@@ -262,7 +262,7 @@ from .entries import LOCK, MANIFEST, POSITIONS, REQUESTS, is_manifest, overwrite
 from .readers import _one_line, _run_error
 from .schema import REQUESTS_SCHEMA, ROUTING, fit_type, positions_schema, requests_schema
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4  # 4: run.json errors[] may carry "turn" (one turn skipped under --on-error skip)
 SEGMENTS = ["reasoning", "text", "tool_call", "end"]
 
 
