@@ -4,6 +4,7 @@ Contract:
     facts_of(run, cost_source) -> Facts   what the commands need of a run (its path, inputs, model, profiles, K)
     unfinished(facts), partial_merge(facts), model_free(facts), sampler(facts, recording), too_few_sessions(facts, sessions, minimum),
     no_interval(facts, text) -> Cause     one UNRELIABLE cause each: a short reason, the full detail, the fix
+    merge_step(path, count) -> str        the next step of a shard's run: merge it with the job's other shards
     after_go(facts), after_no_go(facts) -> tuple[str, ...]
                                           the next steps of a verdict that is not UNRELIABLE
     command(verb, *arguments, settings=..., **changes) -> str
@@ -191,6 +192,14 @@ def partial_merge(f: Facts) -> Cause:
         ("mtp-observe replay ... --shard I/N --resume  # each missing or unfinished shard, with its first options",
          f"mtp-observe merge SHARD... -o {_q(f.path)} --overwrite  # every shard, finished"),
     )
+
+
+def merge_step(path: str, count: int) -> str:
+    """The next step of a shard's run (run.json `shard`, not merged): join it with the job's other shards into one
+    run (`mtp-observe merge`) and report that; a shard alone holds only its share of the sessions."""
+    others = "OTHER_SHARD" if count == 2 else "OTHER_SHARDS..."
+    return (f"mtp-observe merge {_q(path)} {others} -o MERGED_RUN  # the job's {count} shards into one run, then "
+            "mtp-observe report MERGED_RUN")
 
 
 def model_free(f: Facts, recording: "RecordingSampler") -> Cause:

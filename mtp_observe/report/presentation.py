@@ -63,13 +63,38 @@ def verdict_lines(report: Report) -> list[str]:
     """The verdict as every view opens with it: status and K to run, why (every cause), the serve lines when it
     serves, and the next steps (report/verdict.py Verdict, rendered, never re-derived)."""
     v = report.verdict
-    lines = [v.headline, f"why: {v.reason}"]
+    shard = shard_of(report)
+    lines = [v.headline]
+    if shard is not None:
+        lines.append(shard_line(shard))
+    lines.append(f"why: {v.reason}")
     lines += [f"also: {c.reason}" for c in v.causes[1:]]
     lines += serve_lines(report)
-    if v.next_steps:
+    steps = ((merge_step(report.path, shard),) if shard is not None else ()) + tuple(v.next_steps)
+    if steps:
         lines.append("next:")
-        lines += [line for step in v.next_steps for line in step_lines(step)]
+        lines += [line for step in steps for line in step_lines(step)]
     return lines
+
+
+def shard_of(report: Report) -> dict | None:
+    """run.json `shard` of a run written with `replay --shard I/N` and not merged (a merged run has `merged` and no
+    `shard`); None for any other run."""
+    shard = report.manifest.get("shard")
+    return shard if isinstance(shard, dict) and not report.manifest.get("merged") else None
+
+
+def shard_line(shard: dict) -> str:
+    sessions = shard.get("sessions")
+    held = f", {plural(int(sessions), 'session')} of the job" if isinstance(sessions, int) else ""
+    return (f"one shard: shard {shard.get('index')}/{shard.get('count')} (one of {shard.get('count')} shards{held}), "
+            "not the whole job: merge the shards and report the merged run")
+
+
+def merge_step(path, shard: dict) -> str:
+    from .advice import merge_step as step
+
+    return step(str(path), int(shard.get("count") or 0))
 
 
 STEP_WIDTH = 100  # a step longer than this (indent included) gets its comment on a line of its own
@@ -183,7 +208,20 @@ def first_screen(report: Report, comparison: Comparison | None = None) -> list:
     notes = len(report.notes)
     more = ("more: --details (every table, τ variant, slice, sampler, batch, drafter"
             + (f"; {plural(notes, 'note')}" if notes else "") + ") or --format json")
-    return [*verdict_lines(report), *number_lines(report, comparison), summary_table(report, comparison), more]
+    return [*verdict_lines(report), *number_lines(report, comparison), *best_what_if_lines(report),
+            summary_table(report, comparison), more]
+
+
+def best_what_if_lines(report: Report) -> list[str]:
+    """The plain report's what-ifs, one line each when the run asked for them: the best tree (--tree) and the best
+    what-if head (--head-precision / --draft-p-min); their tables are --details (docs/report.md)."""
+    from .trees import best_tree_line
+
+    tree = best_tree_line(report)
+    lines = [tree] if tree is not None else []
+    if report.whatifs is not None and report.whatifs.best is not None:
+        lines.append(report.whatifs.best.line)
+    return lines
 
 
 def detail_lines(report: Report, comparison: Comparison | None = None) -> list[str]:
@@ -216,8 +254,6 @@ def detail_lines(report: Report, comparison: Comparison | None = None) -> list[s
         lines.append(f"UNRELIABLE, {c.name}: {c.detail}")
     lines += batch_lines(report)
     lines += what_if_lines(report)
-    if report.whatifs is not None and report.whatifs.best is not None:
-        lines.append(report.whatifs.best.line)
     if comparison is not None:
         lines.append(f"baseline {comparison.baseline_path}: differences current - baseline over K <= {comparison.k}; "
                      f"{FLAG} = the difference's {report.level:.0%} interval excludes 0; {comparison.note}")

@@ -274,3 +274,31 @@ def _cost_notes(summaries: list) -> list[str]:
                      "sequence is taken as one over a single token (memory-bound); `mtp-observe probe --tree "
                      "S,TOPK,T` measures it")
     return notes
+
+
+def best_tree_line(report: Report) -> str | None:
+    """The one line the plain report prints for a run with trees (--tree): the tree with the largest speedup at the
+    batch size the verdict binds at, against the chain at its best K there (paired interval); None without trees."""
+    if not report.trees:
+        return None
+    at = report.batch.binding if report.batch is not None else 1
+
+    def index(t: TreeSummary) -> int:
+        return t.batch.index(at) if at in t.batch else 0
+
+    finite = [t for t in report.trees if np.isfinite(float(t.by_batch[index(t)]))]
+    if not finite:
+        return None
+    t = max(finite, key=lambda x: float(x.by_batch[index(x)]))
+    i = index(t)
+    sp, lo, hi = float(t.by_batch[i]), t.by_batch_lo, t.by_batch_hi
+    gain, g_lo, g_hi = float(t.vs_chain[i]), t.vs_chain_lo, t.vs_chain_hi
+    interval = "" if lo is None or hi is None else f" [{float(lo[i]):.2f}, {float(hi[i]):.2f}]"
+    g_interval = "" if g_lo is None or g_hi is None else f" [{float(g_lo[i]):+.2f}, {float(g_hi[i]):+.2f}]"
+    chain = f"the chain at K={t.chain_k[i]}" if t.chain_k[i] else "no speculation"
+    spec = f"{t.steps},{t.topk},{t.draft_tokens}"
+    verb = "pays most" if gain > 0 else f"is the best tree but pays no more than {chain}"
+    where = "" if at == 1 else f" at batch {at}"
+    of = f" of {len(report.trees)}" if len(report.trees) > 1 else ""
+    return (f"tree: {spec} (S,TOPK,T){of} {verb}{where}: speedup {sp:.3f}{interval}, {gain:+.3f}{g_interval} against "
+            f"{chain}; a what-if, not the verdict")
