@@ -127,3 +127,29 @@ def test_an_orphan_part_a_kill_left_in_one_table_is_removed_on_resume(tmp_path):
     pq.write_table(tiny_tables(3)[0], orphan)  # killed between the two renames: positions only
     finished = parts.finished_sessions(tmp_path, k=1)
     assert not orphan.exists() and set(finished) == set()  # the tiny tables have no spans: not whole either
+
+
+def test_a_ctrl_c_between_the_two_renames_leaves_the_group_for_the_next_flush_to_write_whole(tmp_path, monkeypatch):
+    """The interrupt lands after the positions part is renamed and before the requests part is: the writer still
+    holds the group, so the flush the replay makes on its way out writes both (no positions part left alone, and
+    run.json's counts — of the parts in both tables — cover every row on disk)."""
+    writer = parts.PartWriter(tmp_path)
+    for i in range(3):
+        writer.add(i, *tiny_tables(i))
+    real = tables.write_part
+    calls = []
+
+    def interrupted(data, directory, name, temporary=None):
+        calls.append(directory.name)
+        if directory.name == entries.REQUESTS and calls.count(entries.REQUESTS) == 1:
+            raise KeyboardInterrupt
+        return real(data, directory, name, temporary)
+
+    monkeypatch.setattr(tables, "write_part", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        writer.flush()
+    assert writer.pending == 3  # not forgotten
+    writer.flush()
+    assert tables.done_parts(tmp_path) == {tables.part_name(0)}
+    for table in (entries.POSITIONS, entries.REQUESTS):
+        assert pq.read_table(tmp_path / table).column("session_id").unique().to_pylist() == ["s0", "s1", "s2"]

@@ -92,8 +92,10 @@ class PartWriter:
         name = tables.part_name(self._first)
         positions = pa.concat_tables(self._positions)
         requests = pa.concat_tables(self._requests)
-        self._first, self._positions, self._requests, self._rows = None, [], [], 0
+        # forgotten only once both tables are written: a Ctrl-C between the two renames reaches the caller's flush
+        # (pipeline._replay_sessions), which writes the same group again instead of leaving a positions part alone
         write_group(Path(self.run_dir), name, positions, requests)
+        self._first, self._positions, self._requests, self._rows = None, [], [], 0
 
     @property
     def pending(self) -> int:
