@@ -60,6 +60,10 @@ def prefill(model, input_ids: Tensor, chunk_size: int = 2048, prefix: TargetPref
 
     from transformers import DynamicCache
 
+    if getattr(model, "engine", None) is not None:  # --target-engine: the layers run in the engine
+        from .engine_target import engine_prefill
+
+        return engine_prefill(model, input_ids, keep_at=keep_at, on_chunk=on_chunk)
     text_model = model.model
     device = text_model.embed_tokens.weight.device
     n = input_ids.shape[0]

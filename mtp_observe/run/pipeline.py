@@ -204,8 +204,7 @@ def _replay_and_finish(inputs, model_dir, opts, observer, roster, model_free, fa
         if cluster is not None:
             result = cluster.replay(inputs, st.out, opts, model_dir, st.dtype, observer, fallback, roster, st.plan)
         else:
-            model = load_model(model_dir, device=st.device, dtype=st.dtype, device_map=opts.device_map,
-                               head_engine=opts.head_engine, serving=st.serving) if not model_free else None
+            model = _load(model_dir, opts, st) if not model_free else None
             result = _replay_sessions(inputs, st.out, opts, model, ranks, observer, fallback, roster, st.renderer,
                                       st.plan)
     except BaseException as e:  # every rank must reach the gather below, whatever happened here
@@ -229,6 +228,16 @@ def _replay_and_finish(inputs, model_dir, opts, observer, roster, model_free, fa
     if finished is not None:
         raise finished
     return manifest
+
+
+def _load(model_dir: Path, opts: ReplayOptions, st) -> LoadedModel:
+    """The target and the head; with --target-engine the target's layers are the engine's (engine_target)."""
+    if opts.target_engine is not None:
+        from ..model.engine_target import load_engine_model
+
+        return load_engine_model(model_dir, opts.target_engine, st.dtype, device=st.device, head_engine=opts.head_engine)
+    return load_model(model_dir, device=st.device, dtype=st.dtype, device_map=opts.device_map,
+                      head_engine=opts.head_engine, serving=st.serving)
 
 
 def _said_done(out: Path, manifest, plan, ranks, observer: Observer) -> Path:
