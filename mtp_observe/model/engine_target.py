@@ -3,7 +3,7 @@
 Contract: `probe_engine(url)` -> EngineInfo (the engine, its version, the model it serves: run.json's
 `target_engine`); `load_engine_model(model_dir, engine, ...)` -> loading.LoadedModel whose `target` holds only the
 embedding, the final norm and the lm_head (the target's layers are never loaded: a meta-device module list of none)
-and whose prefill (`engine_prefill`, which target.prefill hands to) sends each request's token ids to the engine and
+and whose prefill (`engine_hidden`, which target.prefill hands to) sends each request's token ids to the engine and
 reads back the last layer's hidden state at every position; `self_test_mismatch(hidden, lm_head, engine_top1)` is the
 self-test's check, `check_self_test` its one-line error. mtp-observe never imports vLLM: it speaks HTTP to the
 OpenAI-compatible server and reads the safetensors file the engine's capture wrote (docs/engine-target.md).
@@ -243,11 +243,10 @@ def load_engine_model(model_dir, engine: EngineInfo, dtype: torch.dtype, device:
 
 
 @torch.no_grad()
-def engine_prefill(model, input_ids: Tensor, keep_at: int | None = None, on_chunk=None):
-    """target.prefill through the engine: the whole request is sent (the engine keeps no prefix for us), the
-    post-norm hidden state at every position comes back (the final norm applied here to rows captured before it)."""
-    from .target import TargetPrefix
-
+def engine_hidden(model, input_ids: Tensor, on_chunk=None) -> Tensor:
+    """target.prefill's hidden states through the engine: the whole request is sent (the engine keeps no prefix for
+    us), the post-norm hidden state [n, H] at every position comes back (the final norm applied here to rows captured
+    before it); the first requests are self-tested."""
     client: EngineClient = model.engine
     ids = [int(t) for t in input_ids.tolist()]
     testing = client.self_tests_left > 0
@@ -260,5 +259,4 @@ def engine_prefill(model, input_ids: Tensor, keep_at: int | None = None, on_chun
         check_self_test(hidden, model.lm_head.weight, top1, SELF_TEST_REQUESTS - client.self_tests_left)
     if on_chunk is not None:
         on_chunk(len(ids))
-    kept = TargetPrefix(keep_at, None, hidden[:keep_at]) if keep_at is not None else None
-    return hidden, kept
+    return hidden
