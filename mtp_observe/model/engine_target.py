@@ -86,8 +86,14 @@ class EngineClient:
         self.info = info
         self.hidden_size = hidden_size
         self.self_tests_left = self_test_requests
+        self.self_tested = 0  # requests self-tested since the last self_test_again (the error's "request N")
         self.tokens_sent = 0
         self._rpc("mtp_observe_capture_reset")
+
+    def self_test_again(self) -> None:
+        """Self-test the next SELF_TEST_REQUESTS requests too (the run's own, after the estimate's synthetic ones)."""
+        self.self_tests_left = SELF_TEST_REQUESTS
+        self.self_tested = 0
 
     def _rpc(self, method: str, *args: str):
         answer = _request(self.info.url + "/collective_rpc", {"method": method, "args": list(args)})
@@ -256,7 +262,8 @@ def engine_hidden(model, input_ids: Tensor, on_chunk=None) -> Tensor:
         hidden = model.model.norm(hidden)
     if testing:
         client.self_tests_left -= 1
-        check_self_test(hidden, model.lm_head.weight, top1, SELF_TEST_REQUESTS - client.self_tests_left)
+        client.self_tested += 1
+        check_self_test(hidden, model.lm_head.weight, top1, client.self_tested)
     if on_chunk is not None:
         on_chunk(len(ids))
     return hidden

@@ -376,6 +376,8 @@ def _replay_owned(inputs: Inputs, out: Path, opts: ReplayOptions, model: LoadedM
     # that drops it (the default: no calibration for it).
     if ranks.rank == 0 and type(observer).estimate is not Observer.estimate:
         observer.estimate(_estimate(inputs, opts, model, renderer, owns_index, fallback, roster, finished))
+        if model is not None and getattr(model.target, "engine", None) is not None:
+            model.target.engine.self_test_again()  # the calibration's synthetic requests were tested: now the sessions'
     observer.start(len([i for i in (plan.indices if plan is not None else range(inputs.count())) if ranks.owns(i)]))
     started = time.time()
     recorder = RouterRecorder(model.target, opts.k + 1) if model is not None else None  # q = 1..Kmax+1 tokens a sequence

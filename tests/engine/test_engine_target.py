@@ -106,3 +106,29 @@ def test_the_replay_through_the_engine_equals_the_transformers_replay(capture_se
     # against themselves shifted by one anchor agree far less)
     shifted = (a.draft_token.to_numpy()[1:] == b.draft_token.to_numpy()[:-1]).mean()
     assert shifted < 0.9, shifted
+
+
+def test_a_checkpoint_other_than_the_engines_fails_the_self_test_in_one_line(capture_server, tmp_path):
+    """The negative control through the real engine: --model names a copy of the bundled model whose lm_head rows are
+    rolled by one (same config, tokenizer and width, so every other check passes); the engine's states are right,
+    the logits rebuilt here are not, and the self-test stops the run on its first request, exit 2."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    base, work = capture_server
+    other = tmp_path / "other-model"
+    shutil.copytree(MODEL, other)
+    tensors = load_file(str(other / "model.safetensors"))
+    name = next(n for n in tensors if n.endswith("lm_head.weight"))
+    tensors[name] = tensors[name].roll(1, dims=0).contiguous()
+    save_file(tensors, str(other / "model.safetensors"), metadata={"format": "pt"})
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    done = subprocess.run([sys.executable, "-m", "mtp_observe", "replay", str(ROOT / "sessions"), *REPLAY, "--model",
+                           str(other), "--target-engine", base, "-o", str(tmp_path / "run")],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "self-test failed on request 1: at position " in errors[0], done.stderr[-3000:]
+    assert "before the final norm" in errors[0] and "another checkpoint in --model" in errors[0]
+
