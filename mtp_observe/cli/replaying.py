@@ -154,6 +154,7 @@ def replay(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the estimate of the work (tokens to prefill, anchors to draft, a time range from a short calibration on the model) and exit, writing nothing.")] = False,
     head_precision: Annotated[Optional[list[str]], typer.Option("--head-precision", metavar="P,...", help="What-if: re-run the head at these precisions on the same anchors, the target unchanged: bf16, fp8, int8, nvfp4, q8_0, q6_k, q4_k (comma-separated, repeatable; docs/whatifs.md).")] = None,
     draft_p_min: Annotated[Optional[list[str]], typer.Option("--draft-p-min", metavar="P,...", help="What-if: stop drafting where the head's probability of its draft (llama.cpp's: softmax over its top 10 logits) falls below each threshold, 0 to 1 (comma-separated, repeatable; docs/whatifs.md).")] = None,
+    target_engine: Annotated[Optional[str], typer.Option("--target-engine", metavar="URL", help="Run the target's layers in this running vLLM server (its hidden states read back; --model then needs only the config, tokenizer, head, embedding, final norm and lm_head: docs/engine-target.md).")] = None,
 ) -> None:
     """Replay sessions through the target with the MTP head (and other drafters) alongside; write the run directory."""
     from ..drafting.drafters.roster import NEEDS_MTP, parse_drafters
@@ -190,10 +191,25 @@ def replay(
                          ray=ray_options, serve_device=serve_device, fp8_activations=fp8_activations,
                          trees=trees, head_precisions=_parse_precisions(head_precision),
                          draft_p_min=_parse_thresholds(draft_p_min))
+    if target_engine is not None:
+        opts = _with_target_engine(opts, target_engine, model_free, dry_run)
     if dry_run:
         say(out, estimate_line(replay_estimate(files, model_dir, opts)))
         return
     _replay_and_summarise(files, model_dir, out_path, opts, bundled, progress_every)
+
+
+def _with_target_engine(opts, url: str, model_free: bool, dry_run: bool):
+    """--target-engine URL: the engine probed (its version and model go in run.json); what it cannot go with refused."""
+    import dataclasses
+
+    from ..model.engine_target import probe_engine
+
+    clash = ("--ray" if opts.ray is not None else "--device-map" if opts.device_map is not None else
+             "--dry-run" if dry_run else "--drafters without mtp" if model_free else None)
+    if clash is not None:
+        raise OptionError(f"--target-engine runs the target in the engine: it does not go with {clash}; drop one")
+    return dataclasses.replace(opts, target_engine=probe_engine(url))
 
 
 def _check_progress_every(progress_every: float) -> None:

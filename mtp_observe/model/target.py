@@ -60,6 +60,11 @@ def prefill(model, input_ids: Tensor, chunk_size: int = 2048, prefix: TargetPref
 
     from transformers import DynamicCache
 
+    if getattr(model, "engine", None) is not None:  # --target-engine: the layers run in the engine
+        from .engine_target import engine_hidden
+
+        hidden = engine_hidden(model, input_ids, on_chunk=on_chunk)  # the whole request: the engine keeps no prefix
+        return hidden, (TargetPrefix(keep_at, None, hidden[:keep_at]) if keep_at is not None else None)
     text_model = model.model
     device = text_model.embed_tokens.weight.device
     n = input_ids.shape[0]

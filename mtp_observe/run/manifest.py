@@ -102,6 +102,7 @@ def identity(info, inputs, opts, dtype, device: str, ranks, fallback, fallback_n
         "drafters": roster.manifest(),
         **(variants or Variants()).manifest(info.geometry.num_layers if info is not None else 1),
         "target_ran": info is not None,
+        "target_engine": _target_engine(opts),
         "head_reading": reading_for(info, opts.head_engine).as_dict() if info is not None else None,
         "serving": None if serving is None else {
             **serving.manifest(), "linears": describe_rules(linear_rules(info, serving)) if info is not None else {}},
@@ -117,7 +118,7 @@ def identity(info, inputs, opts, dtype, device: str, ranks, fallback, fallback_n
 
 
 IDENTITY_KEYS = ("model", "tokenizer_sha256", "k", "dtype", "device", "sampling", "recorded_with", "drafters", "trees",
-                 "layer_rules", "target_ran", "head_reading", "serving", "inputs", "options", "rendering", "shard",
+                 "layer_rules", "target_ran", "target_engine", "head_reading", "serving", "inputs", "options", "rendering", "shard",
                  "whatifs", "tool_version")  # what identity() returns: what --resume and merge compare, every key
 MODEL_KEYS = ("config_sha256", "head_tensors", "weights_fingerprint", "generation_config_sha256")
 _MODEL_NAMES = {"config_sha256": ("the model's config.json differs", ""),
@@ -127,6 +128,12 @@ _MODEL_NAMES = {"config_sha256": ("the model's config.json differs", ""),
                 "generation_config_sha256": ("the model's generation_config.json differs",
                                              "; its end-of-turn ids decide the scored spans")}
 SHARD_JOB = ("count", "by", "rule", "input_set")  # what every shard of one job shares of run.json `shard`
+
+
+def _target_engine(opts) -> dict | None:
+    """run.json `target_engine`: the engine that ran the target's layers (--target-engine), None where they ran here."""
+    engine = getattr(opts, "target_engine", None)
+    return None if engine is None else {"engine": engine.engine, "version": engine.version, "model": engine.model}
 
 
 def recorded_identity(manifest: dict) -> dict:

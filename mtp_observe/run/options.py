@@ -42,6 +42,7 @@ class ReplayOptions:
     trees: tuple = ()  # tree.TreeConfig (--tree S,TOPK,T), replayed beside the chain (head_variants.py)
     head_precisions: tuple = ()  # --head-precision: precisions.PRECISIONS names, the head re-run at each (what-ifs)
     draft_p_min: tuple = ()  # --draft-p-min: thresholds in [0, 1] for the confidence-stopped what-if (the report's)
+    target_engine: object = None  # model.engine_target.EngineInfo (--target-engine URL): the target's layers run there
 
 
 class Observer:

@@ -204,8 +204,7 @@ def _replay_and_finish(inputs, model_dir, opts, observer, roster, model_free, fa
         if cluster is not None:
             result = cluster.replay(inputs, st.out, opts, model_dir, st.dtype, observer, fallback, roster, st.plan)
         else:
-            model = load_model(model_dir, device=st.device, dtype=st.dtype, device_map=opts.device_map,
-                               head_engine=opts.head_engine, serving=st.serving) if not model_free else None
+            model = _load(model_dir, opts, st) if not model_free else None
             result = _replay_sessions(inputs, st.out, opts, model, ranks, observer, fallback, roster, st.renderer,
                                       st.plan)
     except BaseException as e:  # every rank must reach the gather below, whatever happened here
@@ -229,6 +228,16 @@ def _replay_and_finish(inputs, model_dir, opts, observer, roster, model_free, fa
     if finished is not None:
         raise finished
     return manifest
+
+
+def _load(model_dir: Path, opts: ReplayOptions, st) -> LoadedModel:
+    """The target and the head; with --target-engine the target's layers are the engine's (engine_target)."""
+    if opts.target_engine is not None:
+        from ..model.engine_target import load_engine_model
+
+        return load_engine_model(model_dir, opts.target_engine, st.dtype, device=st.device, head_engine=opts.head_engine)
+    return load_model(model_dir, device=st.device, dtype=st.dtype, device_map=opts.device_map,
+                      head_engine=opts.head_engine, serving=st.serving)
 
 
 def _said_done(out: Path, manifest, plan, ranks, observer: Observer) -> Path:
@@ -367,6 +376,8 @@ def _replay_owned(inputs: Inputs, out: Path, opts: ReplayOptions, model: LoadedM
     # that drops it (the default: no calibration for it).
     if ranks.rank == 0 and type(observer).estimate is not Observer.estimate:
         observer.estimate(_estimate(inputs, opts, model, renderer, owns_index, fallback, roster, finished))
+        if model is not None and getattr(model.target, "engine", None) is not None:
+            model.target.engine.self_test_again()  # the calibration's synthetic requests were tested: now the sessions'
     observer.start(len([i for i in (plan.indices if plan is not None else range(inputs.count())) if ranks.owns(i)]))
     started = time.time()
     recorder = RouterRecorder(model.target, opts.k + 1) if model is not None else None  # q = 1..Kmax+1 tokens a sequence

@@ -181,6 +181,9 @@ run.json keys:
                                           what a step reads, attention and Gated DeltaNet dimensions), so the
                                           report computes speedup by batch size without the checkpoint}
     tokenizer_sha256    str
+    target_engine       v4, optional (absent or null: the target's layers ran here): {"engine": "vllm", "version",
+                        "model"}: the engine server that ran them (`replay --target-engine URL`, docs/engine-target.md);
+                        the rows are the same columns either way, so the report reads such a run as any other
     k                   Kmax replayed (int)
     dtype, device       str
     sampling            {profile: {"temperature", "top_p", "top_k", "min_p", "presence_penalty",
