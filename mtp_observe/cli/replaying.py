@@ -191,7 +191,11 @@ def replay(
                          trees=trees, head_precisions=_parse_precisions(head_precision),
                          draft_p_min=_parse_thresholds(draft_p_min))
     if dry_run:
-        say(out, estimate_line(replay_estimate(files, model_dir, opts)))
+        from ..run.estimate_terms import breakdown_lines
+
+        estimate = replay_estimate(files, model_dir, opts)
+        for line in (estimate_line(estimate), *breakdown_lines(estimate)):
+            say(out, line)
         return
     _replay_and_summarise(files, model_dir, out_path, opts, bundled, progress_every)
 
