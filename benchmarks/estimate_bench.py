@@ -104,7 +104,7 @@ def row(name: str, estimate, wall: float, extra: dict | None = None) -> dict:
 
 def replay_row(name: str, files, every: float, **options) -> dict:
     from mtp_observe.model.loading import default_model_dir
-    from mtp_observe.run.estimate_terms import breakdown_lines
+    from mtp_observe.run.estimate import breakdown_lines
     from mtp_observe.run.options import ReplayOptions
     from mtp_observe.run.pipeline import replay, replay_estimate
 

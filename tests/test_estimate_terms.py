@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mtp_observe.run.estimate import Estimate, Rates, ReplayWork, replay_seconds
-from mtp_observe.run.estimate_terms import Term, breakdown_lines, term_seconds
+from mtp_observe.run.estimate import Estimate, Rates, ReplayWork, breakdown_lines, replay_seconds
+from mtp_observe.run.estimate_terms import Term, term_seconds
 
 from .test_estimate import run_cli
 from .test_replay import SESSION, write_sessions

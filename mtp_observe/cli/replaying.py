@@ -191,7 +191,7 @@ def replay(
                          trees=trees, head_precisions=_parse_precisions(head_precision),
                          draft_p_min=_parse_thresholds(draft_p_min))
     if dry_run:
-        from ..run.estimate_terms import breakdown_lines
+        from ..run.estimate import breakdown_lines
 
         estimate = replay_estimate(files, model_dir, opts)
         for line in (estimate_line(estimate), *breakdown_lines(estimate)):

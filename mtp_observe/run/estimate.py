@@ -563,6 +563,21 @@ def estimate_line(est: Estimate, label: str = "estimate") -> str:
             f"{r.tokens:,} tokens of this model)")
 
 
+def breakdown_lines(est) -> list[str]:
+    """The estimate's breakdown (estimate.Estimate of a replay priced with its terms), one line each: the base
+    replay, then every term, each with its priced seconds (the point; the range is the estimate line's)."""
+    from .estimate_terms import term_seconds
+
+    w, r = est.work, est.rates
+    if r is None or not isinstance(w, ReplayWork) or not r.terms:
+        return []
+    base = replay_seconds(w, r, terms=False)
+    lines = [f"  base replay: {short_count(w.prefill)} tokens, {short_count(w.drafts)} draft rows · {duration(base)}"]
+    for t in r.terms:
+        lines.append(f"  + {t.name}: {t.what} · {duration(term_seconds(t, w, r))}")
+    return lines
+
+
 def survey_estimates(model_dir, replay: ReplayWork, generate: list, device: str = "auto", calibrate: bool = True,
                      k: int = 4, chunk_size: int = 2048, batch_size: int = 8, max_new_tokens: int = 1024,
                      template=None) -> tuple[Estimate, Estimate]:

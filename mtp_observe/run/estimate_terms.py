@@ -7,7 +7,7 @@
     calibrate_term(spec, timings) -> Term    its rates: the run's own replay_request timed with the term on, minus the
                                              same request without it timed beside it (estimate._calibrate_replay)
     term_seconds(term, work, rates)          the priced work of one term
-    breakdown_lines(estimate)                `replay --dry-run`'s breakdown: the base replay and one line per term
+    (estimate.breakdown_lines(estimate) prints them: `replay --dry-run`'s breakdown, the base and one line per term)
 
 What each term costs, and in what unit (requests.replay_request runs them):
 
@@ -154,18 +154,3 @@ def confidence_row_seconds(head) -> float:
             draft_confidence(logits)
             best = min(best, time.perf_counter() - t0)
     return best / CONFIDENCE_ROWS
-
-
-def breakdown_lines(est) -> list[str]:
-    """The estimate's breakdown (estimate.Estimate of a replay priced with its terms), one line each: the base
-    replay, then every term, each with its priced seconds (the point; the range is the estimate line's)."""
-    from .estimate import ReplayWork, duration, replay_seconds, short_count
-
-    w, r = est.work, est.rates
-    if r is None or not isinstance(w, ReplayWork) or not r.terms:
-        return []
-    base = replay_seconds(w, r, terms=False)
-    lines = [f"  base replay: {short_count(w.prefill)} tokens, {short_count(w.drafts)} draft rows · {duration(base)}"]
-    for t in r.terms:
-        lines.append(f"  + {t.name}: {t.what} · {duration(term_seconds(t, w, r))}")
-    return lines
