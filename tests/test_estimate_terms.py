@@ -8,7 +8,6 @@ import pytest
 from mtp_observe.run.estimate import Estimate, Rates, ReplayWork, breakdown_lines, replay_seconds
 from mtp_observe.run.estimate_terms import Term, term_seconds
 
-from .test_estimate import run_cli
 from .test_replay import SESSION, write_sessions
 
 PRECISIONS = ("bf16", "fp8", "int8", "nvfp4", "q8_0", "q6_k", "q4_k")
@@ -98,16 +97,3 @@ def test_calibrated_on_the_model_seven_precisions_cost_well_above_the_base_and_a
     assert sum(term_seconds(t, whatifs.work, whatifs.rates) > 0 for t in whatifs.rates.terms[:7]) >= 6
     tree = replay_estimate([sessions], tiny_checkpoint, ReplayOptions(device="cpu", trees=(parse_tree("3,4,8"),)))
     assert tree.work == whatifs.work and tree.point_s > replay_seconds(tree.work, tree.rates, terms=False)
-
-
-def test_dry_run_prints_the_base_replay_and_one_line_per_term(tiny_checkpoint, tmp_path):
-    sessions = write_sessions(tmp_path / "s.jsonl", [SESSION])
-    run = run_cli("replay", sessions, "--model", tiny_checkpoint, "--device", "cpu", "--dry-run", "--head-precision",
-                  "q4_k", "--draft-p-min", "0.3,0.5", "--tree", "2,2,3")
-    assert run.returncode == 0, run.stderr
-    lines = run.stdout.splitlines()
-    assert lines[0].startswith("estimate: ")
-    assert [ln.split(":")[0] for ln in lines[1:]] == ["  base replay", "  + what-if head q4_k", "  + thresholds 0.3,0.5",
-                                                      "  + tree 2,2,3"]
-    assert "shared by all 2, over 2 chains" in lines[3] and "2,2,3: 6 drafted + 2 verified" in lines[4]
-    assert all(len(line) <= 100 for line in lines[1:])  # the breakdown wraps nowhere at 100 columns
