@@ -1,7 +1,8 @@
 """The estimate against the measured time, and the ETA's steadiness, on this machine in one run.
 
     OMP_NUM_THREADS=1 python benchmarks/estimate_bench.py [--corpus tau2-bench_grok] [--sessions 10] [--skip-generate]
-                                                          [--skip-corpus] [--every 30] [--json OUT]
+                                                          [--skip-corpus] [--skip-demo] [--extras] [--every 30]
+                                                          [--json OUT]
 
 For each workload the estimate is made exactly as `replay --dry-run` / `generate --dry-run` make it (rendering,
 a calibration of a few hundred tokens on the loaded model: pipeline.replay_estimate, generation.generate_estimate),
@@ -13,6 +14,9 @@ OpenMP threads spinning for a busy core slow the bundled model several-fold, cal
     demo generate   the bundled model completing the demo's 57 turns (--max-new-tokens 1024: its turns end by
                     themselves within about 40 tokens; the estimate's range runs from the recorded turns'
                     lengths to 1,024 each)
+    demo extras     (--extras) the demo replay with seven --head-precision what-ifs and --draft-p-min 0.3,0.5,0.8
+                    (issue 43's reproduction), and with --tree 3,4,8: the estimate prices each term
+                    (estimate_terms.py) and prints its breakdown first
     corpus replay   the bundled model over the first --sessions sessions of a folder of ../shared/sessions-public
                     (imported with `import auto`)
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -62,6 +67,9 @@ class Watch:
         self._stop.set()
         self._thread.join()
 
+    def estimate(self, estimate):  # defined on the class: the replay gives an estimate only to an observer that takes one
+        self.counter.estimate(estimate)
+
     def __getattr__(self, name):
         if name in ("warn", "note"):
             return lambda message: None
@@ -88,28 +96,34 @@ def row(name: str, estimate, wall: float, extra: dict | None = None) -> dict:
     lo, hi = estimate.seconds
     point = estimate.point_s
     out = {"workload": name, "line": estimate_line(estimate), "work": work_fields(estimate.work),
-           "rates": work_fields(estimate.rates), "point_s": point, "range_s": [lo, hi], "measured_s": wall,
+           "rates": {**work_fields(estimate.rates), "terms": [work_fields(t) for t in estimate.rates.terms]}, "point_s": point, "range_s": [lo, hi], "measured_s": wall,
            "measured_over_point": wall / point, "inside_range": lo <= wall <= hi}
     out.update(extra or {})
     return out
 
 
-def replay_row(name: str, files, every: float) -> dict:
+def replay_row(name: str, files, every: float, **options) -> dict:
     from mtp_observe.model.loading import default_model_dir
+    from mtp_observe.run.estimate import breakdown_lines
     from mtp_observe.run.options import ReplayOptions
     from mtp_observe.run.pipeline import replay, replay_estimate
 
-    opts = ReplayOptions(device="cpu")
+    opts = ReplayOptions(device="cpu", **options)
     started = time.perf_counter()
     estimate = replay_estimate(files, default_model_dir(), opts)
     estimate_s = time.perf_counter() - started
+    for line in breakdown_lines(estimate):
+        print(line, flush=True)
     watch = Watch(every)
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         replay(files, default_model_dir(), Path(tmp) / "run", opts, bundled=True, observer=watch)
         wall = time.perf_counter() - started
     watch.stop()
-    return row(name, estimate, wall, {"estimate_s": estimate_s, "eta": eta_figures(watch.readings, wall)})
+    return row(name, estimate, wall, {"estimate_s": estimate_s, "eta": eta_figures(watch.readings, wall),
+                                      "breakdown": breakdown_lines(estimate), "load_before": load_before,
+                                      "load_after": os.getloadavg()})
 
 
 def generate_row(name: str, files) -> dict:
@@ -148,10 +162,12 @@ def main() -> None:
     ap.add_argument("--every", type=float, default=30.0, help="seconds between two ETA readings")
     ap.add_argument("--skip-generate", action="store_true")
     ap.add_argument("--skip-corpus", action="store_true")
+    ap.add_argument("--skip-demo", action="store_true", help="leave out the plain demo replay")
+    ap.add_argument("--extras", action="store_true",
+                    help="also the demo replay with issue 43's extras: seven what-if precisions and three --draft-p-min "
+                         "thresholds; and with --tree 3,4,8")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-
-    import os
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     demo = sorted((ROOT / "sessions").glob("*.jsonl"))
@@ -163,7 +179,15 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps({"rows": rows, "load_average": os.getloadavg()}, indent=1))
 
-    done(replay_row("demo replay", demo, args.every))
+    if not args.skip_demo:
+        done(replay_row("demo replay", demo, args.every))
+    if args.extras:
+        from mtp_observe.drafting.tree import parse_tree
+
+        precisions = ("bf16", "fp8", "int8", "nvfp4", "q8_0", "q6_k", "q4_k")
+        done(replay_row("demo replay, --head-precision (7) --draft-p-min 0.3,0.5,0.8", demo, args.every,
+                        head_precisions=precisions, draft_p_min=(0.3, 0.5, 0.8)))
+        done(replay_row("demo replay, --tree 3,4,8", demo, args.every, trees=(parse_tree("3,4,8"),)))
     if not args.skip_generate:
         done(generate_row("demo generate", demo))
     if not args.skip_corpus:
@@ -183,6 +207,9 @@ def say(r: dict) -> None:
           + (f", at a third {eta['eta_at_a_third_s']:.0f} s for {eta['left_at_a_third_s']:.0f} s left"
              if eta.get("eta_at_a_third_s") is not None else ""))
     print(f"  {r['line']}", flush=True)
+    if "load_before" in r:
+        print(f"  load average (1, 5, 15 min) before {tuple(round(x, 1) for x in r['load_before'])}, after "
+              f"{tuple(round(x, 1) for x in r['load_after'])}", flush=True)
 
 
 if __name__ == "__main__":

@@ -63,3 +63,15 @@ def test_a_shards_run_is_labelled_one_shard_of_n_with_merge_as_its_next_step(run
     assert "- one shard\\: shard 0/2" in md and "`mtp-observe merge " in md
     control = report(runs["plain"])  # a whole run: no shard line, no merge step
     assert "one shard" not in control and "mtp-observe merge" not in control
+
+
+def test_a_shards_run_says_which_shard_it_is_in_the_report_json_too(runs):
+    import json
+
+    code, out, err = run_cli(["report", str(runs["shard"]), "--replicates", "50", "--format", "json"])
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["run"]["shard"] == {"index": 0, "count": 2} and doc["report_version"] == 3  # an added key: no bump
+    code, out, err = run_cli(["report", str(runs["plain"]), "--replicates", "50", "--format", "json"])
+    assert code == 0, err
+    assert json.loads(out)["run"]["shard"] is None

@@ -194,7 +194,11 @@ def replay(
     if target_engine is not None:
         opts = _with_target_engine(opts, target_engine, model_free, dry_run)
     if dry_run:
-        say(out, estimate_line(replay_estimate(files, model_dir, opts)))
+        from ..run.estimate import breakdown_lines
+
+        estimate = replay_estimate(files, model_dir, opts)
+        for line in (estimate_line(estimate), *breakdown_lines(estimate)):
+            say(out, line)
         return
     _replay_and_summarise(files, model_dir, out_path, opts, bundled, progress_every)
 

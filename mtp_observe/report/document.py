@@ -298,6 +298,16 @@ def whatifs_json(report: Report) -> dict:
                         "best": best, "notes": list(w.notes)}}
 
 
+def shard_json(manifest: dict) -> dict | None:
+    """run.shard: {"index": I, "count": N} of a run written by `replay --shard I/N` and not merged (run.json `shard`; a
+    merged run has `merged` and is the whole job), what the terminal's "one shard: shard I/N" line says; None for any
+    other run. A key added within report_version 3 (docs/report-json.md: keys are only added within a version)."""
+    shard = manifest.get("shard")
+    if not isinstance(shard, dict) or manifest.get("merged"):
+        return None
+    return {"index": shard.get("index"), "count": shard.get("count")}
+
+
 def report_json(report: Report, comparison: Comparison | None = None) -> dict:
     """The report as the JSON document (docs/report-json.md): every NaN or infinity null (`finite`)."""
     return finite(_document(report, comparison))
@@ -322,6 +332,7 @@ def _document(report: Report, comparison: Comparison | None) -> dict:
             "created": m.get("created"), "model": model.get("path"), "dtype": m.get("dtype"), "device": m.get("device"),
             "k": report.k, "profiles": list(report.profiles), "sessions": len(report.sessions), "anchors": o.anchors,
             "rows": report.rows, "drafter": report.drafter, "target_ran": m.get("target_ran", True) is not False,
+            "shard": shard_json(m),
         },
         "cost": cost_json(report),
         "bootstrap": {"replicates": report.replicates, "seed": report.seed, "level": report.level,

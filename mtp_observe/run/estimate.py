@@ -34,7 +34,8 @@ with the measured speed.
    for the same model, device and options (tests and benchmarks replay many times).
 
 3. The estimate: seconds = calls x call_s + prefill x token_s + drafts x draft_s + steps x step_s + pairs x
-   pair_s, and the range [LOW x seconds, HIGH x seconds] (generate: LOW x its shorter case, HIGH x its
+   pair_s, plus (replay) every term its options add (estimate_terms.py: each what-if precision, the thresholds'
+   confidence, the trees, each calibrated on its own and shown by `replay --dry-run` one line each), and the range [LOW x seconds, HIGH x seconds] (generate: LOW x its shorter case, HIGH x its
    longer one). LOW and HIGH come from benchmarks/estimate_bench.py on a shared 2-core CPU, where other jobs
    change the speed from minute to minute (docs/estimates-and-progress.md: figures). It says it is an estimate.
 """
@@ -48,6 +49,7 @@ LOW, HIGH = 0.7, 1.6  # the range around the priced work (module docstring 3; be
 CALIBRATION_SHORT, CALIBRATION_TOKENS = 64, 192  # the synthetic requests' (or prompts') lengths
 CALIBRATION_SPAN = 128  # scored tokens of the long-span request
 ATTENTION_QUERIES, ATTENTION_KEYS = 128, 4096  # the attention kernel's timing shape
+TERM_REPEATS = 2  # a term's timings, each beside the base's: a difference of two timings needs the same minute
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,6 +73,7 @@ class ReplayWork:
     drafts: int = 0  # rows: anchors x their depths (<= K)
     target_pairs: int = 0  # query-key pairs of the prefill chunks, per full-attention layer and head
     head_pairs: int = 0  # query-key pairs of the head's row pass and chain, per head
+    anchor_positions: int = 0  # the anchors' positions summed: a tree's draft queries attend to that many rows
     done_tokens: int = 0  # tokens of sessions a resumed run finished before (not replayed again)
 
     __add__ = _add
@@ -161,6 +164,7 @@ def request_works(rendered, k: int, chunk_size: int, num_heads: int) -> list[Rep
                 depths.append(min(k, sp.end - p))
         out.append(ReplayWork(
             requests=1, tokens=n, prefill=n - start, reused=start, anchors=len(anchors), drafts=sum(depths),
+            anchor_positions=sum(anchors),
             target_pairs=chunk_pairs(prefill_chunks(start, n, chunk_size, keep_at)),
             head_pairs=chunk_pairs(prefill_chunks(rows_from, n - 1, chunk_size)) + chain_pairs(anchors, depths, k, num_heads)))
         carry = keep_at or 0
@@ -255,6 +259,7 @@ class Rates:
     call_s: float = 0.0  # per request (replay) or per batch (generate): what one call costs whatever its size
     draft_s: float = 0.0  # replay: per draft row
     step_s: float = 0.0  # generate: per decode forward of a batch (or per speculative step)
+    terms: tuple = ()  # replay: estimate_terms.Term, what the options run beside the base replay (what-ifs, trees)
 
 
 def full_attention_layers(text_config: dict) -> int:
@@ -325,10 +330,12 @@ def _model_key(model) -> tuple:
     return (str(model.info.path), model.info.config_sha256, str(model.device), str(model.dtype))
 
 
-def calibrate_replay(model, k: int, profiles, chunk_size: int, drafters=None) -> Rates:
-    key = ("replay", *_model_key(model), k, tuple(profiles), chunk_size, tuple(drafters.names) if drafters else None)
+def calibrate_replay(model, k: int, profiles, chunk_size: int, drafters=None, terms=()) -> Rates:
+    """terms: estimate_terms.TermSpec of the run's options (estimate_terms.extra_terms), each priced beside the base."""
+    key = ("replay", *_model_key(model), k, tuple(profiles), chunk_size, tuple(drafters.names) if drafters else None,
+           tuple(t.name for t in terms))
     if key not in _CALIBRATED:
-        _CALIBRATED[key] = _calibrate_replay(model, k, profiles, chunk_size, drafters)
+        _CALIBRATED[key] = _calibrate_replay(model, k, profiles, chunk_size, drafters, terms)
     return _CALIBRATED[key]
 
 
@@ -339,13 +346,16 @@ def calibrate_generate(model, settings, batch_size: int) -> Rates:
     return _CALIBRATED[key]
 
 
-def _calibrate_replay(model, k: int, profiles, chunk_size: int, drafters=None) -> Rates:
+def _calibrate_replay(model, k: int, profiles, chunk_size: int, drafters=None, terms=()) -> Rates:
     """Rates of a replay: pipeline.replay_request timed on synthetic requests of CALIBRATION_SHORT and
     CALIBRATION_TOKENS tokens with a 2-token scored span (the best of two each: per token, per request), and of
     CALIBRATION_TOKENS with a CALIBRATION_SPAN one (per draft row); the attention they did is priced by
     _pair_seconds and taken out first. drafters: a fresh drafters.roster.Roster of the run's drafters, never the
-    run's own, whose suffix tree would learn the synthetic tokens."""
+    run's own, whose suffix tree would learn the synthetic tokens. Each term (estimate_terms.TermSpec) is timed on
+    the same three requests with it switched on, the best of two each, and priced by the difference
+    (estimate_terms.calibrate_term)."""
     from ..sessions.rendering import TEXT, RenderedSession, Request, Span
+    from .estimate_terms import Term, calibrate_term, term_pairs
     from .requests import replay_request
 
     n = CALIBRATION_TOKENS
@@ -353,20 +363,38 @@ def _calibrate_replay(model, k: int, profiles, chunk_size: int, drafters=None) -
     heads, full = model.head.geometry.num_heads, full_attention_layers(model.info.text_config)
     pair_s = _pair_seconds(model)
 
-    def run(length: int, span: int, repeats: int = 1) -> tuple[float, ReplayWork]:
+    def run(length: int, span: int, repeats: int = 1, spec=None) -> tuple[float, ReplayWork]:
         req = Request(0, ids[:length], (Span(length - span, length - 1, 1, bytes([TEXT]) * span),))
         w = replay_work(RenderedSession(None, (req,)), k, chunk_size, heads)
-        t = min(_timed(lambda: replay_request(model, req, k, profiles, chunk_size, drafters=drafters), model.device)
-                for _ in range(repeats))
-        return max(t - (w.target_pairs * full + w.head_pairs) * heads * pair_s, 0.0), w
+
+        def once():
+            kwargs = {"drafters": drafters, **(spec.kwargs() if spec is not None else {})}
+            return _timed(lambda: replay_request(model, req, k, profiles, chunk_size, **kwargs), model.device)
+
+        t = min(once() for _ in range(repeats))
+        pairs = w.target_pairs * full + w.head_pairs + (term_pairs(spec, w) if spec is not None else 0)
+        return max(t - pairs * heads * pair_s, 0.0), w
 
     run(32, 2)  # warm-up
     (t_a, _), (t_b, w_b) = run(CALIBRATION_SHORT, 2, 2), run(n, 2, 2)
     t_c, w_c = run(n, CALIBRATION_SPAN)
     token_s, call_s = _solve((CALIBRATION_SHORT, t_a), (n, t_b))
     draft_s = max(t_c - t_b, 0.0) / max(w_c.drafts - w_b.drafts, 1)
-    return Rates(device=str(model.device), tokens=32 + 2 * CALIBRATION_SHORT + 3 * n, token_s=token_s, pair_s=pair_s,
-                 full_layers=full, heads=heads, call_s=call_s, draft_s=draft_s)
+    priced = []
+    for spec in terms:  # each term against the base timed beside it (the same minute of a busy machine)
+        if spec.direct is not None:
+            priced.append(Term(spec.name, spec.what, row_s=spec.direct(), per=spec.per, scale=spec.scale))
+            continue
+        run(32, 2, spec=spec)  # warm-up: a what-if head's or a tree's first call allocates
+        timed = {}
+        for shape in ((n, 2), (n, CALIBRATION_SPAN)):
+            pairs = [(run(*shape), run(*shape, spec=spec)) for _ in range(TERM_REPEATS)]
+            timed["long" if shape[1] == 2 else "span"] = (min(b for (b, _), _ in pairs), min(t for _, (t, _) in pairs),
+                                                          pairs[0][1][1])
+        priced.append(calibrate_term(spec, timed))
+    tokens = 32 + 2 * CALIBRATION_SHORT + 3 * n + sum(32 + 4 * TERM_REPEATS * n for t in terms if t.direct is None)
+    return Rates(device=str(model.device), tokens=tokens, token_s=token_s, pair_s=pair_s,
+                 full_layers=full, heads=heads, call_s=call_s, draft_s=draft_s, terms=tuple(priced))
 
 
 def _calibrate_generate(model, settings, batch_size: int) -> Rates:
@@ -421,11 +449,15 @@ def _calibrate_generate(model, settings, batch_size: int) -> Rates:
 # 3. The estimate
 
 
-def replay_seconds(work: ReplayWork, rates: Rates) -> float:
-    """The priced work (module docstring 3)."""
+def replay_seconds(work: ReplayWork, rates: Rates, terms: bool = True) -> float:
+    """The priced work (module docstring 3): the base replay and, unless terms is False, every term the options add
+    (estimate_terms: what-if heads, thresholds, trees)."""
+    from .estimate_terms import term_seconds
+
     pairs = work.target_pairs * rates.full_layers + work.head_pairs
+    extra = sum(term_seconds(t, work, rates) for t in rates.terms) if terms else 0.0
     return (work.requests * rates.call_s + work.prefill * rates.token_s + work.drafts * rates.draft_s
-            + pairs * rates.heads * rates.pair_s)
+            + pairs * rates.heads * rates.pair_s + extra)
 
 
 def replay_parts(work: ReplayWork, rates: Rates) -> tuple[float, float, int]:
@@ -529,6 +561,21 @@ def estimate_line(est: Estimate, label: str = "estimate") -> str:
     r = est.rates
     return (f"{label}: {what} · {duration(lo)} - {duration(hi)} on {r.device} (an estimate, calibrated on "
             f"{r.tokens:,} tokens of this model)")
+
+
+def breakdown_lines(est) -> list[str]:
+    """The estimate's breakdown (estimate.Estimate of a replay priced with its terms), one line each: the base
+    replay, then every term, each with its priced seconds (the point; the range is the estimate line's)."""
+    from .estimate_terms import term_seconds
+
+    w, r = est.work, est.rates
+    if r is None or not isinstance(w, ReplayWork) or not r.terms:
+        return []
+    base = replay_seconds(w, r, terms=False)
+    lines = [f"  base replay: {short_count(w.prefill)} tokens, {short_count(w.drafts)} draft rows · {duration(base)}"]
+    for t in r.terms:
+        lines.append(f"  + {t.name}: {t.what} · {duration(term_seconds(t, w, r))}")
+    return lines
 
 
 def survey_estimates(model_dir, replay: ReplayWork, generate: list, device: str = "auto", calibrate: bool = True,

@@ -292,6 +292,7 @@ def _estimate(inputs: Inputs, opts: ReplayOptions, model: LoadedModel | None, re
     a fresh roster of its drafters (model None: the work alone). The renderings are kept for the replay."""
     from ..sessions.reading import SessionError, Skipped
     from .estimate import Estimate, ReplayWork, calibrate_replay, replay_work
+    from .estimate_terms import extra_terms
 
     heads = model.info.geometry.num_heads if model is not None else 1
     work = ReplayWork()
@@ -310,7 +311,7 @@ def _estimate(inputs: Inputs, opts: ReplayOptions, model: LoadedModel | None, re
     drafters = drafter_roster(opts) if tuple(roster.names) != ("mtp",) else None
     profiles = tuple(opts.profiles) + (fallback.renamed(RECORDED),)
     try:
-        rates = calibrate_replay(model, opts.k, profiles, opts.chunk_size, drafters)
+        rates = calibrate_replay(model, opts.k, profiles, opts.chunk_size, drafters, extra_terms(opts, model))
     except NonFiniteOutput:  # the replay itself says so, naming the session and the fix
         return Estimate(work, k=opts.k, why_no_time="no time estimate (the model's outputs are not finite)")
     return Estimate(work, rates, k=opts.k)
