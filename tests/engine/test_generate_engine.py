@@ -94,8 +94,9 @@ def _replay(tokens, out):
 
 @pytest.fixture(scope="module")
 def served(engine_python, mtp_replays, tmp_path_factory):
-    """The server's three windows: {"config", "greedy": (own.jsonl, scrape), "run": (own.jsonl, scrape),
-    "engine": scrape}; a scrape is a file of two /metrics texts (compare reads the window between them)."""
+    """The server's three windows: {"config", NAME: (own.jsonl, scrape), NAME_returned: {prompt: the token ids the
+    server returned}} for NAME greedy, run, engine; a scrape is a file of two /metrics texts (compare reads the window
+    between them)."""
     work = tmp_path_factory.mktemp("engine-generate")
     config = _export(mtp_replays("greedy")[0])["speculative_config"]
     port = _free_port()
@@ -133,8 +134,10 @@ def served(engine_python, mtp_replays, tmp_path_factory):
             t0 = time.time()
             step()
             print(f"{name}: {time.time() - t0:.1f} s")
+            after = scrape()
             path = work / f"metrics-{name}.txt"
-            path.write_text(before + "\n" + scrape())
+            path.write_text(before + "\n" + after)
+            out[f"{name}_counts"] = _minus(_counters(after), _counters(before))
             return path
 
         def generate(name: str, sampling: str):
@@ -149,6 +152,8 @@ def served(engine_python, mtp_replays, tmp_path_factory):
             own = []
             scraped = window(name, lambda: own.append(generate(name, sampling)))
             out[name] = (own[0], scraped)
+            out[f"{name}_returned"] = dict(proxy.completions)  # the same prompts come again in the next window
+            proxy.completions.clear()
     finally:
         server.terminate()
         try:
@@ -159,16 +164,37 @@ def served(engine_python, mtp_replays, tmp_path_factory):
     return out
 
 
-def _counts(scrape) -> dict:
-    m = read_engine_metrics(scrape.read_text(), str(scrape))
-    return {"num_drafts": m.steps, "num_draft_tokens": m.draft_tokens, "num_accepted_tokens": m.accepted,
-            "num_accepted_tokens_per_pos": list(m.per_pos)}
+def _counters(text: str) -> dict:
+    """vLLM's spec-decode counters in one /metrics text (summed over label sets but position), as
+    tests/engine/engine_driver.py reads them from LLM.get_metrics()."""
+    out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "num_accepted_tokens_per_pos": [0] * K}
+    for line in text.splitlines():
+        if not line.startswith("vllm:spec_decode_num_") or "_total" not in line:
+            continue
+        name, value = line.split(" ")[0], int(float(line.split(" ")[-1]))
+        base = name.split("{")[0].removeprefix("vllm:spec_decode_").removesuffix("_total")
+        if base == "num_accepted_tokens_per_pos":
+            out[base][int(name.split('position="')[1].split('"')[0])] += value
+        elif base in out:
+            out[base] += value
+    return out
+
+
+def _minus(a: dict, b: dict) -> dict:
+    return {key: [x - y for x, y in zip(a[key], b[key])] if isinstance(a[key], list) else a[key] - b[key] for key in a}
+
+
+def _counts(served, name: str) -> dict:
+    counts = served[f"{name}_counts"]
+    measured = read_engine_metrics(served[name][1].read_text(), str(served[name][1]))  # compare's own reading agrees
+    assert measured.steps == counts["num_drafts"]
+    return counts
 
 
 def test_generate_engine_vllm_writes_and_replays_the_servers_own_tokens(served):
     own, _ = served["greedy"]
     records = [json.loads(line) for line in own.read_text().splitlines()]
-    returned = served["proxy"].completions
+    returned = served["greedy_returned"]
     pairs = [(r["id"], i, q) for r in records for i, q in enumerate(r["requests"])]
     assert len(pairs) >= 50  # the demo's 57 turns, less any one-token completion
     for _, _, request in pairs:
@@ -191,7 +217,7 @@ def test_the_engine_started_with_the_exported_config_counts_what_the_export_expe
     run = served.get("greedy_run") or _replay(served["greedy"][0], served["work"] / "run-greedy")
     export = _export(run)
     assert export["speculative_config"] == served["config"] == {"method": "mtp", "num_speculative_tokens": K}
-    engine = _counts(served["greedy"][1])
+    engine = _counts(served, "greedy")
     print("engine", engine, "export", export["expected_metrics"]["counts"])
     assert engine == export["expected_metrics"]["counts"]
 
@@ -201,7 +227,7 @@ def new_traffic(served):
     """(the run: the replay of generate's own completions at generation_config, its export, the engine's counts on
     its own generation of the same prompts)."""
     run = _replay(served["run"][0], served["work"] / "run-own")
-    return run, _export(run), _counts(served["engine"][1])
+    return run, _export(run), _counts(served, "engine")
 
 
 def test_the_verdict_holds_the_engines_numbers_on_new_traffic(served, new_traffic):
