@@ -37,6 +37,10 @@ pytestmark = pytest.mark.engine
 DEMO = ROOT / "sessions"
 
 
+class _Listening(ThreadingHTTPServer):
+    request_queue_size = 256  # generate keeps up to --batch-size 64 connections open at once (the default is 5)
+
+
 class RecordingProxy:
     """Forwards every request to the server and keeps what /v1/completions answered: {tuple(prompt): token_ids}."""
 
@@ -68,7 +72,7 @@ class RecordingProxy:
             def do_POST(self):
                 self._forward(self.rfile.read(int(self.headers["Content-Length"])))
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _Listening(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
