@@ -6,5 +6,5 @@ the directory's entries, `readers` the tables read back; `parts` the per-session
 life and the run's identity); `options` resolves what the flags ask for; `requests` replays one request and one
 session into rows; `estimate` prices the work and `progress` shows it; `shards`, `merge`, `ranks` and `cluster` take a
 replay past one process (scheduler arrays, torchrun, Ray); `generation` and `decoding` are `generate` (the target's
-own completions). `memory` measures a command's peak RSS for tests and benchmarks.
+own completions), `served` its completions from a running vLLM server (`--engine vllm`). `memory` measures a command's peak RSS for tests and benchmarks.
 """
