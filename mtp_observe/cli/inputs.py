@@ -183,7 +183,7 @@ def generate(
     model: Annotated[Optional[Path], typer.Option("--model", help="Checkpoint directory, or a Hugging Face id (ORG/NAME[@REVISION]) in the local cache (default: the bundled model).")] = None,
     sampling: Annotated[str, typer.Option("--sampling", help="greedy, generation_config (the checkpoint's sampler, vLLM's default), a built-in profile (thinking_general, thinking_coding, instruct_general, instruct_reasoning) or NAME=T,TOP_P,TOP_K[,PRESENCE[,FREQUENCY[,REPETITION[,MIN_P]]]].")] = "generation_config",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Stop a turn after this many tokens if it has not ended.")] = 1024,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampler; each turn draws from its own generator, seeded from this and the turn.")] = 0,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Seed of the sampler; each turn draws from its own generator, seeded from this and the turn (default 0; --engine vllm: each request's seed, and without it the server's own generator).")] = None,
     speculative: Annotated[Optional[int], typer.Option("--speculative", help="Generate with the MTP head drafting K tokens and the target verifying them (one turn at a time); the steps' accepted lengths go into meta.speculative.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Turns generated together (left-padded, with the model's cache).")] = 8,
     chunk_size: Annotated[int, typer.Option("--chunk-size", help="Prefill tokens per forward (shared by the batch's rows).")] = 2048,
@@ -199,6 +199,8 @@ def generate(
     shard_by: Annotated[ShardBy, typer.Option("--shard-by", help="id: a session's shard is a hash of its id; tokens: shards balanced by tokens, longest session first.")] = "id",
     max_sessions: Annotated[Optional[int], typer.Option("--max-sessions", help="Generate for at most N sessions (the first N of the input, as replay counts them).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the estimate of the work (prompt tokens, tokens to generate, a time range from a short calibration on the model) and exit, writing nothing.")] = False,
+    engine: Annotated[str, typer.Option("--engine", help="Who samples the completions: transformers (here, the default) or vllm (a running vLLM server, --engine-url).")] = "transformers",
+    engine_url: Annotated[Optional[str], typer.Option("--engine-url", metavar="URL", help="--engine vllm: the server's address (its OpenAI-compatible API, e.g. http://127.0.0.1:8000); --batch-size requests are kept in flight.")] = None,
 ) -> None:
     """The target's own completion of every assistant turn, in the recorded contexts: token-level records for replay."""
     from ..run.estimate import estimate_line
@@ -215,10 +217,12 @@ def generate(
     model_dir = _model_dir(model)
     if not dry_run:
         check_writable(output, "--output", inputs=[*files, chat_template], kept=[model_dir])
+    if seed is None and engine != "vllm":
+        seed = 0
     opts = GenerateOptions(sampling=sampling, max_new_tokens=max_new_tokens, seed=seed, speculative=speculative,
                            batch_size=batch_size, chunk_size=chunk_size, device=device, dtype=dtype, on_error=on_error,
                            resume=resume, overwrite=overwrite, template=overrides, shard=shard_spec,
-                           max_sessions=max_sessions)
+                           max_sessions=max_sessions, engine=engine, engine_url=engine_url)
     if dry_run:
         say(out, estimate_line(generate_estimate(files, model_dir, opts)))
         return
@@ -240,7 +244,9 @@ def generate(
     say(out, f"generated {plural(summary.turns, 'turn')} ({plural(summary.tokens, 'token')}, {summary.tokens_per_s:,.1f} tok/s; "
              f"{plural(summary.prompt_tokens, 'prompt token')} prefilled) with "
              f"{p.name} (T {p.temperature:g}, top-p {p.top_p:g}, top-k {p.top_k}, min-p {p.min_p:g}, presence "
-             f"{p.presence_penalty:g}, frequency {p.frequency_penalty:g}, repetition {p.repetition_penalty:g}), seed {seed}"
+             f"{p.presence_penalty:g}, frequency {p.frequency_penalty:g}, repetition {p.repetition_penalty:g}), "
+             + (f"seed {seed}" if seed is not None else "the server's own seed")
+             + (f", by vLLM at {engine_url}" if engine == "vllm" else "")
              + (f", --speculative {speculative}" if speculative else ""))
     kept = f" ({summary.kept} kept from the resumed output)" if summary.kept else ""
     dropped = f"; {plural(summary.dropped, 'one-token turn')} left out" if summary.dropped else ""

@@ -7,5 +7,5 @@ life and the run's identity); `options` resolves what the flags ask for; `reques
 session into rows; `estimate` prices the work (`estimate_terms` what the options add beside
 the base: what-if heads, thresholds, trees) and `progress` shows it; `shards`, `merge`, `ranks` and `cluster` take a
 replay past one process (scheduler arrays, torchrun, Ray); `generation` and `decoding` are `generate` (the target's
-own completions). `memory` measures a command's peak RSS for tests and benchmarks.
+own completions), `served` its completions from a running vLLM server (`--engine vllm`). `memory` measures a command's peak RSS for tests and benchmarks.
 """

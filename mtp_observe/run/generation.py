@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from .decoding import (
     speculative_turn,
     turn_prompts,
 )
+from .served import ServedEngine, check_engine_options, served_identity
 
 # ---------------------------------------------------------------------------------------------
 # 1. The prompts
@@ -105,7 +107,7 @@ def _text(value: str) -> str:
 class GenerateOptions:
     sampling: str = "generation_config"  # greedy, a built-in profile, generation_config, or NAME=T,TOP_P,TOP_K[,...]
     max_new_tokens: int = 1024
-    seed: int = 0
+    seed: int | None = 0  # None: --engine vllm without --seed (the server's engine-wide generator draws)
     speculative: int | None = None  # K
     batch_size: int = 8
     chunk_size: int = 2048
@@ -117,6 +119,8 @@ class GenerateOptions:
     template: object = None  # sessions.templates.TemplateOverrides
     shard: object = None  # shards.Shard (--shard I/N, --shard-by): generate that shard's sessions only
     max_sessions: int | None = None  # the first N sessions of the input (in input order, as replay counts them)
+    engine: str = "transformers"  # served.ENGINES: who samples the completions
+    engine_url: str | None = None  # --engine vllm: the server's address
 
 
 class Observer:
@@ -171,8 +175,9 @@ def check_options(opts: GenerateOptions) -> None:
         raise OptionError(f"--batch-size {opts.batch_size}: at least 1")
     if opts.chunk_size < 1:
         raise OptionError(f"--chunk-size {opts.chunk_size}: at least 1")
-    if opts.seed < 0:
+    if opts.seed is not None and opts.seed < 0:
         raise OptionError(f"--seed {opts.seed}: expected an integer >= 0")
+    check_engine_options(opts)
     if opts.max_sessions is not None and opts.max_sessions < 1:
         raise OptionError(f"--max-sessions {opts.max_sessions}: must be at least 1")
     if opts.on_error not in ("fail", "skip"):
@@ -366,7 +371,6 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
     With opts.shard only the shard's sessions (shards.py: by id, or balanced by tokens) are generated: each shard of
     a scheduler array writes its own output, and the outputs together are the input of a replay.
     """
-    from ..model.loading import load_model, resolve_device, resolve_dtype
     from ..sessions.inputs import Inputs
     from ..sessions.rendering import Renderer
     from .shards import plan_shard, session_key
@@ -378,9 +382,7 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
     if any(output.resolve() == Path(f).resolve() for f in inputs.files):
         raise OptionError(f"-o {output} is one of the input files; write the completions elsewhere")
     check_output_file(output, opts)
-    device = resolve_device(opts.device)
-    dtype = resolve_dtype(opts.dtype, device)
-    model = load_model(model_dir, device=device, dtype=dtype)
+    model, device, dtype = _target(model_dir, opts)
     renderer = Renderer.from_model_dir(model.info.path, vocab_size=model.info.geometry.vocab_size, overrides=opts.template)
     renderer.turn_errors = opts.on_error  # skip: a turn the rendering cannot reconstruct is left out, not its session
     settings = Settings(profile=profile, max_new_tokens=opts.max_new_tokens, seed=opts.seed, eos_ids=renderer.eos_ids,
@@ -402,6 +404,8 @@ def generate(files, model_dir: Path, output: Path, opts: GenerateOptions, observ
         return plan is None or plan.owns(session_key(item))
 
     identity = identity_of(model, profile, opts, device, dtype, plan)
+    if isinstance(model, _Served):
+        identity = served_identity(identity, model.engine)
     sampling = sampling_meta(profile, opts)
     out = Output(output, opts.resume, identity, sampling)
     try:
@@ -544,6 +548,9 @@ def _estimate(model, settings: Settings, opts: GenerateOptions, shapes: list):
     from .estimate import Estimate, calibrate_generate, generate_work
 
     work = generate_work(shapes, opts.batch_size, opts.chunk_size, opts.max_new_tokens, opts.speculative)
+    if isinstance(model, _Served):
+        return Estimate(work, max_new_tokens=opts.max_new_tokens,
+                        why_no_time=f"no time estimate (vLLM {model.engine.version} at {model.engine.url} generates)")
     try:
         rates = calibrate_generate(model, settings, min(opts.batch_size, max(work.turns, 1)))
     except NonFiniteLogits:  # the run itself says so, with the fix
@@ -556,7 +563,6 @@ def generate_estimate(files, model_dir: Path, opts: GenerateOptions):
     """What `generate --dry-run` prints (estimate.Estimate): the work of generating the input's sessions (the first
     --max-sessions; a resumed output's too; under --shard I/N the shard's own), priced by a calibration on the model.
     Writes nothing."""
-    from ..model.loading import load_model, resolve_device, resolve_dtype
     from ..sessions.inputs import Inputs
     from ..sessions.rendering import Renderer
     from .shards import plan_shard, session_key
@@ -564,8 +570,7 @@ def generate_estimate(files, model_dir: Path, opts: GenerateOptions):
     check_options(opts)
     profile = resolve_profile(opts.sampling, model_dir)
     inputs = Inputs.of(files)
-    device = resolve_device(opts.device)
-    model = load_model(model_dir, device=device, dtype=resolve_dtype(opts.dtype, device))
+    model, _, _ = _target(model_dir, opts)
     renderer = Renderer.from_model_dir(model.info.path, vocab_size=model.info.geometry.vocab_size, overrides=opts.template)
     settings = Settings(profile=profile, max_new_tokens=opts.max_new_tokens, seed=opts.seed, eos_ids=renderer.eos_ids,
                         chunk_size=opts.chunk_size, speculative=opts.speculative)
@@ -577,6 +582,16 @@ def generate_estimate(files, model_dir: Path, opts: GenerateOptions):
 
 def _complete(model, prompts: list[TurnPrompt], settings: Settings, batch_size: int, observer: Observer) -> list[Completion]:
     """Completions of prompts in their order: batches of similar length (shortest first), or one speculative turn at a time."""
+    if isinstance(model, _Served):  # the server batches the requests in flight
+        lock = threading.Lock()
+
+        def done(completion: Completion) -> None:
+            with lock:
+                observer.generated(len(completion.tokens))
+                observer.turns(1, len(completion.tokens))
+
+        return model.engine.complete(prompts, settings.profile, settings.max_new_tokens, settings.eos_ids, settings.seed,
+                                     batch_size, on_done=done)
     out: list[Completion | None] = [None] * len(prompts)
     if settings.speculative is not None:
         for i, p in enumerate(prompts):
@@ -591,3 +606,27 @@ def _complete(model, prompts: list[TurnPrompt], settings: Settings, batch_size: 
         observer.turns(len(batch), sum(len(out[i].tokens) for i in batch))
     return out
 
+
+
+@dataclass(frozen=True)
+class _Served:
+    """generate's target when a vLLM server samples (--engine vllm): the engine, and the local checkpoint that
+    renders the prompts (its tokenizer, chat template and end-of-turn ids)."""
+
+    engine: ServedEngine
+    info: object  # model.checkpoint.CheckpointInfo
+
+
+def _target(model_dir: Path, opts: GenerateOptions):
+    """(the target: model.loading.LoadedModel, or _Served, device, dtype): the model loaded here, or the server asked
+    who it is (the weights stay on the server's side)."""
+    from ..model.loading import load_model, resolve_device, resolve_dtype
+
+    if opts.engine == "vllm":
+        from ..model.checkpoint import read_checkpoint
+
+        engine = ServedEngine.connect(opts.engine_url)
+        return _Served(engine, read_checkpoint(model_dir)), "cpu", "none"
+    device = resolve_device(opts.device)
+    dtype = resolve_dtype(opts.dtype, device)
+    return load_model(model_dir, device=device, dtype=dtype), device, dtype
