@@ -100,6 +100,7 @@ def identity(info, inputs, opts, dtype, device: str, ranks, fallback, fallback_n
                                              RECORDED: {**fallback.as_dict(), "per_session": True, "fallback": fallback_name}},
         "recorded_with": opts.recorded_with,
         "drafters": roster.manifest(),
+        **({"grammar": opts.grammar} if opts.grammar is not None else {}),  # replay --grammar (version 5)
         **(variants or Variants()).manifest(info.geometry.num_layers if info is not None else 1),
         "target_ran": info is not None,
         "head_reading": reading_for(info, opts.head_engine).as_dict() if info is not None else None,
@@ -426,6 +427,9 @@ def finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> No
                 total["anchors"] += t["anchors"]
         if drafting:
             timing["drafting"] = drafting
+        tallies = [r["grammar"] for r in results if r.get("grammar")]
+        if tallies:  # --grammar: the tool-call regions, forced tokens, violations (grammar.GrammarContext.manifest)
+            manifest["grammar_tally"] = _summed(tallies)
         manifest.update(status="complete", finished=now(), timing=timing)
     try:
         tables.write_json_atomic(out / entries.MANIFEST, manifest)
@@ -433,3 +437,16 @@ def finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> No
         if failures:
             return
         raise e if isinstance(e, RunDirectoryError) else tables.cannot_write(out / entries.MANIFEST, e) from None
+
+
+def _summed(tallies: list[dict]) -> dict:
+    """The ranks' grammar tallies as one: counts added, flagged calls joined (first 100), seconds added."""
+    out = dict(tallies[0])
+    for t in tallies[1:]:
+        for key, value in t.items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                out[key] = out.get(key, 0) + value
+        out["flagged"] = (out.get("flagged", []) + t.get("flagged", []))[:100]
+        out["formats"] = {f: out["formats"].get(f, 0) + n for f, n in {**out["formats"], **t["formats"]}.items()}
+        out["seconds"] = {s: round(out["seconds"].get(s, 0) + t["seconds"].get(s, 0), 3) for s in t["seconds"]}
+    return out
