@@ -14,7 +14,7 @@ through a GrammarMatcher over the recorded ids and says, for every position i of
                                    region, or after a violation)
 
 Formats (the family's rendering of a call, detected from the rendered region; xgrammar's builtin structural tags,
-xgrammar/builtin_structural_tag.py, tool_choice "required" over the request's tools, no reasoning prefix — the
+xgrammar/builtin_structural_tag.py, tool_choice "auto" over the request's tools — free text until the trigger, as text may precede a call — no reasoning prefix — the
 region starts after the reasoning and text):
     qwen_3_5   <tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n...</function>\\n</tool_call>
                (Qwen3.5, Qwen3-Coder; the bundled model's template), arguments in xgrammar's "qwen_xml" style
@@ -119,7 +119,7 @@ class ToolGrammar:
         if key not in self._cache:
             t0 = time.perf_counter()
             try:
-                tag = self.xgr.get_model_structural_tag(fmt, tools=fns, tool_choice="required", reasoning="disabled")
+                tag = self.xgr.get_model_structural_tag(fmt, tools=fns, tool_choice="auto", reasoning="disabled")
                 self._cache[key] = self.compiler.compile_structural_tag(tag) if fns else None
             except Exception:  # an unsupported or invalid schema: xgrammar raises several types
                 self._cache[key] = None
