@@ -218,6 +218,9 @@ def _follow(matcher, bitmask, row, chain: np.ndarray, k: int, out_row: np.ndarra
         if chain[j + 1] < 0 or not matcher.accept_token(int(chain[j])):
             break
         taken += 1
+        if matcher.is_terminated():  # d_j was a stop token: nothing follows it
+            out_row[j + 1:] = False
+            break
         matcher.fill_next_token_bitmask(bitmask)
         ok = bool(_bits(row, np.array([chain[j + 1]]), vocab)[0])
         out_row[j + 1] = ok
