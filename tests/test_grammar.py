@@ -173,3 +173,38 @@ def test_grammar_without_the_extra_is_one_line_naming_it(monkeypatch):
 def test_grammar_drafters_without_grammar_are_refused_in_one_line():
     code, out, err = run_cli(["replay", "sessions/demo.jsonl", "--drafters", "mtp,grammar", "--dry-run"])
     assert code == 2 and err.strip().count("\n") == 0 and "--grammar tools" in err
+
+
+def test_a_model_free_replay_with_the_grammar_flags_a_call_to_an_unknown_tool_and_reports_the_forced_share(tmp_path):
+    pytest.importorskip("xgrammar", reason="the optional extra mtp-observe[grammar] is not installed")
+    import json
+
+    import pyarrow.parquet as pq
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    good = json.loads((root / "sessions" / "coding.jsonl").read_text().splitlines()[0])
+    bad = json.loads(json.dumps(good))
+    bad["id"] = "broken"
+    calls = [m for m in bad["messages"] if m.get("tool_calls")]
+    calls[0]["tool_calls"][0]["function"]["name"] = "delete_repository"  # no such tool: the grammar refuses it
+    sessions = tmp_path / "s.jsonl"
+    sessions.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    out = tmp_path / "run"
+    code, _, err = run_cli(["replay", str(sessions), "--drafters", "ngram,grammar", "--grammar", "tools",
+                            "--out", str(out), "--progress-every", "0"])
+    assert code == 0, err
+    manifest = json.loads((out / "run.json").read_text())
+    tally = manifest["grammar_tally"]
+    assert manifest["grammar"] == "tools" and manifest["schema_version"] == 5
+    assert tally["violations"] == 1 and [f["session_id"] for f in tally["flagged"]] == ["broken"]
+    turn = bad["messages"].index(calls[0])
+    assert tally["flagged"][0]["turn"] == turn
+    t = pq.read_table(out / "positions.parquet").to_pandas()
+    first = t[(t.depth == 1) & (t.drafter == "ngram")]
+    assert first.forced.sum() == tally["forced_tokens"] > 0
+    assert set(first[first.forced].segment.astype(str)) <= {"tool_call", "end"}
+    # the broken turn is scored without the mask: nothing forced in it, nothing drafted by `grammar` there
+    assert not t[(t.session_id == "broken") & (t.turn == turn)].forced.any()
+    code, report, _ = run_cli(["report", str(out)])
+    line = next(x for x in report.splitlines() if x.startswith("grammar (what-if"))
+    assert f"of {tally['tool_call_tokens']:,} tool-call tokens forced" in line and "1 call(s) break their schema" in line
