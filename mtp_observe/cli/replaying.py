@@ -169,6 +169,9 @@ def replay(
     _check_progress_every(progress_every)
     names = parse_drafters(drafters)
     grammar_mode = _grammar_mode(grammar)
+    if grammar_mode is not None and ray is not None:
+        raise OptionError("--grammar tools does not run on a Ray cluster yet (its replicas get no session's tools); "
+                          "replay without --ray, or shard with --shard I/N")
     shard_spec = shard_options(shard, shard_by)
     ray_options = _ray_options(ray, replicas, gpus_per_replica)
     ngram_config = _parse_ngram(ngram, ngram_runner)
