@@ -208,3 +208,15 @@ def test_a_model_free_replay_with_the_grammar_flags_a_call_to_an_unknown_tool_an
     code, report, _ = run_cli(["report", str(out)])
     line = next(x for x in report.splitlines() if x.startswith("grammar (what-if"))
     assert f"of {tally['tool_call_tokens']:,} tool-call tokens forced" in line and "1 call(s) break their schema" in line
+
+
+def test_tallies_of_ranks_or_shards_add_up():
+    from mtp_observe.run.manifest import summed_grammar
+
+    a = {"mode": "tools", "regions": 2, "violations": 1, "formats": {"qwen_3_5": 2}, "flagged": [{"turn": 1}],
+         "seconds": {"compile": 0.5, "scan": 1.0}}
+    b = {"mode": "tools", "regions": 3, "violations": 0, "formats": {"qwen_3": 3}, "flagged": [],
+         "seconds": {"compile": 0.25, "scan": 0.5}}
+    assert summed_grammar([a, b]) == {"mode": "tools", "regions": 5, "violations": 1,
+                                      "formats": {"qwen_3_5": 2, "qwen_3": 3}, "flagged": [{"turn": 1}],
+                                      "seconds": {"compile": 0.75, "scan": 1.5}}

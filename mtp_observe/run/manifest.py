@@ -429,7 +429,7 @@ def finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> No
             timing["drafting"] = drafting
         tallies = [r["grammar"] for r in results if r.get("grammar")]
         if tallies:  # --grammar: the tool-call regions, forced tokens, violations (grammar.GrammarContext.manifest)
-            manifest["grammar_tally"] = _summed(tallies)
+            manifest["grammar_tally"] = summed_grammar(tallies)
         manifest.update(status="complete", finished=now(), timing=timing)
     try:
         tables.write_json_atomic(out / entries.MANIFEST, manifest)
@@ -439,14 +439,16 @@ def finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> No
         raise e if isinstance(e, RunDirectoryError) else tables.cannot_write(out / entries.MANIFEST, e) from None
 
 
-def _summed(tallies: list[dict]) -> dict:
-    """The ranks' grammar tallies as one: counts added, flagged calls joined (first 100), seconds added."""
-    out = dict(tallies[0])
+def summed_grammar(tallies: list[dict]) -> dict:
+    """Ranks' or shards' grammar tallies (grammar.GrammarContext.manifest) as one: counts, formats and seconds added,
+    flagged calls joined (first 100)."""
+    out = {key: value for key, value in tallies[0].items()}
     for t in tallies[1:]:
         for key, value in t.items():
             if isinstance(value, int) and not isinstance(value, bool):
                 out[key] = out.get(key, 0) + value
-        out["flagged"] = (out.get("flagged", []) + t.get("flagged", []))[:100]
-        out["formats"] = {f: out["formats"].get(f, 0) + n for f, n in {**out["formats"], **t["formats"]}.items()}
-        out["seconds"] = {s: round(out["seconds"].get(s, 0) + t["seconds"].get(s, 0), 3) for s in t["seconds"]}
+        out["flagged"] = (list(out.get("flagged", [])) + list(t.get("flagged", [])))[:100]
+        for part in ("formats", "seconds"):
+            a, b = out.get(part, {}), t.get(part, {})
+            out[part] = {name: round(a.get(name, 0) + b.get(name, 0), 3) for name in {**a, **b}}
     return out
