@@ -220,3 +220,40 @@ def test_tallies_of_ranks_or_shards_add_up():
     assert summed_grammar([a, b]) == {"mode": "tools", "regions": 5, "violations": 1,
                                       "formats": {"qwen_3_5": 2, "qwen_3": 3}, "flagged": [{"turn": 1}],
                                       "seconds": {"compile": 0.75, "scan": 1.5}}
+
+
+def test_grammar_drafters_rows_are_the_forced_run_and_the_forced_run_then_the_heads_draft(tiny_checkpoint, tmp_path):
+    pytest.importorskip("xgrammar", reason="the optional extra mtp-observe[grammar] is not installed")
+    import pandas as pd
+
+    from mtp_observe.run.options import ReplayOptions
+    from mtp_observe.run.pipeline import replay
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    sessions = tmp_path / "s.jsonl"
+    sessions.write_text((root / "sessions" / "coding.jsonl").read_text().splitlines()[0] + "\n")
+    K = 3
+    run = replay([sessions], tiny_checkpoint, tmp_path / "run",
+                 ReplayOptions(k=K, device="cpu", drafters=("mtp", "grammar", "grammar+mtp"), grammar="tools"))
+    t = pd.read_parquet(run / "positions.parquet")
+    t["drafter"] = t["drafter"].astype(str)
+    by = {name: t[t.drafter == name].set_index(["request", "pos", "depth"]).sort_index() for name in
+          ("mtp", "grammar", "grammar+mtp")}
+    g, h, m = by["grammar"], by["grammar+mtp"], by["mtp"]
+    drafted = g[g.draft_token >= 0]
+    assert len(drafted) > 0
+    # the grammar drafter drafts only forced tokens, which are the recorded ones: every one accepted
+    assert drafted.forced.all() and (drafted.draft_token == drafted.actual_token).all() and drafted.accepted.all()
+    # grammar+mtp: the forced run f, then the head's draft at anchor p + f
+    f = (g.draft_token >= 0).groupby(level=[0, 1]).sum()
+    checked = 0
+    for (req, pos, depth), row in h.iterrows():
+        n = int(f.loc[(req, pos)])
+        if depth <= n:
+            assert row.draft_token == g.loc[(req, pos, depth)].draft_token
+        elif (req, pos + n, depth - n) in m.index:
+            assert row.draft_token == m.loc[(req, pos + n, depth - n)].draft_token
+            checked += int(n > 0)
+    assert checked > 0
+    # under greedy verification the mask never refuses an accepted draft; the column is read on every drafter
+    assert not (t.accepted & ~t.draft_allowed).any() and (~t.draft_allowed).any()
