@@ -133,7 +133,7 @@ def replay(
     head_reading: Annotated[str, typer.Option("--head-reading", metavar="ENGINE", help="Whose reading of the head to replay where the engines differ (DeepSeek-V3 / GLM-4.5 NextN heads: the embedding at position 0, the state fed back; docs/nextn.md): vllm (0.33, the serve line's) or sglang (0.5.23). Qwen heads read alike.")] = "vllm",
     chat_template: ChatTemplateOption = None,
     template_kwargs: TemplateKwargsOption = None,
-    drafters: Annotated[str, typer.Option("--drafters", help="Drafters to run side by side at every anchor: mtp (the head), ngram (vLLM's prompt lookup), suffix (suffix decoding), hybrid (Arctic's: suffix when its score >= K, else mtp), hybrid_longer (the longer of suffix's and mtp's). Model-free only (ngram, suffix): no weights are loaded.")] = "mtp",
+    drafters: Annotated[str, typer.Option("--drafters", help="Drafters to run side by side at every anchor: mtp (the head), ngram (vLLM's prompt lookup), suffix (suffix decoding), hybrid (Arctic's: suffix when its score >= K, else mtp), hybrid_longer (the longer of suffix's and mtp's), grammar and grammar+mtp (what the tool-call grammar forces, then mtp's draft; need --grammar tools). Model-free only (ngram, suffix): no weights are loaded.")] = "mtp",
     ngram: Annotated[Optional[str], typer.Option("--ngram", help="MIN,MAX: vLLM's prompt_lookup_min, prompt_lookup_max (default 5,5; one number sets both).")] = None,
     ngram_runner: Annotated[NgramRunner, typer.Option("--ngram-runner", help="Which vLLM model runner's n-gram rule: v2 (vLLM 0.33's default: the GPU speculator, always K tokens, the most recent match) or v1 (the CPU proposer: the earliest match, short or no drafts).")] = "v2",
     suffix_max_tree_depth: Annotated[int, typer.Option("--suffix-max-tree-depth", help="vLLM's suffix_decoding_max_tree_depth.")] = 24,
@@ -153,6 +153,7 @@ def replay(
     gpus_per_replica: Annotated[Optional[float], typer.Option("--gpus-per-replica", metavar="G", help="With --ray: GPUs per replica, on one node (the target spread over them with device_map when G > 1; default 1 when the cluster has GPUs, else 0).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the estimate of the work (tokens to prefill, anchors to draft, a time range from a short calibration on the model) and exit, writing nothing.")] = False,
     head_precision: Annotated[Optional[list[str]], typer.Option("--head-precision", metavar="P,...", help="What-if: re-run the head at these precisions on the same anchors, the target unchanged: bf16, fp8, int8, nvfp4, q8_0, q6_k, q4_k (comma-separated, repeatable; docs/whatifs.md).")] = None,
+    grammar: Annotated[Optional[str], typer.Option("--grammar", metavar="tools", help="tools: run every recorded tool call through the grammar an engine decodes it under (the chat format's tool calls, arguments constrained by the tool's schema; xgrammar, pip install 'mtp-observe[grammar]'): forced tokens, drafts the grammar forbids (docs/grammar.md).")] = None,
     draft_p_min: Annotated[Optional[list[str]], typer.Option("--draft-p-min", metavar="P,...", help="What-if: stop drafting where the head's probability of its draft (llama.cpp's: softmax over its top 10 logits) falls below each threshold, 0 to 1 (comma-separated, repeatable; docs/whatifs.md).")] = None,
     target_engine: Annotated[Optional[str], typer.Option("--target-engine", metavar="URL", help="Run the target's layers in this running vLLM server (its hidden states read back; --model then needs only the config, tokenizer, head, embedding, final norm and lm_head: docs/engine-target.md).")] = None,
 ) -> None:
@@ -168,6 +169,7 @@ def replay(
     _check_on_error(on_error)
     _check_progress_every(progress_every)
     names = parse_drafters(drafters)
+    grammar_mode = _grammar_mode(grammar, ray)
     shard_spec = shard_options(shard, shard_by)
     ray_options = _ray_options(ray, replicas, gpus_per_replica)
     ngram_config = _parse_ngram(ngram, ngram_runner)
@@ -190,7 +192,7 @@ def replay(
                          suffix=suffix_config, part_sessions=part_sessions, head_engine=head_reading, shard=shard_spec,
                          ray=ray_options, serve_device=serve_device, fp8_activations=fp8_activations,
                          trees=trees, head_precisions=_parse_precisions(head_precision),
-                         draft_p_min=_parse_thresholds(draft_p_min))
+                         draft_p_min=_parse_thresholds(draft_p_min), grammar=grammar_mode)
     if target_engine is not None:
         opts = _with_target_engine(opts, target_engine, model_free, dry_run)
     if dry_run:
@@ -214,6 +216,19 @@ def _with_target_engine(opts, url: str, model_free: bool, dry_run: bool):
     if clash is not None:
         raise OptionError(f"--target-engine runs the target in the engine: it does not go with {clash}; drop one")
     return dataclasses.replace(opts, target_engine=probe_engine(url))
+
+
+def _grammar_mode(grammar: str | None, ray: str | None) -> str | None:
+    """--grammar: checked, and xgrammar present (one line naming the extra otherwise); not with --ray."""
+    from ..drafting.grammar import parse_grammar, require
+
+    mode = parse_grammar(grammar)
+    if mode is not None and ray is not None:
+        raise OptionError("--grammar tools does not run on a Ray cluster yet (its replicas get no session's tools); "
+                          "replay without --ray, or shard with --shard I/N")
+    if mode is not None:
+        require()
+    return mode
 
 
 def _check_progress_every(progress_every: float) -> None:

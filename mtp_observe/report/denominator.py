@@ -146,7 +146,7 @@ def resolve_cost(run, probe: str | Path | None = None, draft_cost: float | None 
                 detail=f"roofline at {precision}: head + lm_head bytes / target bytes", notes=())
 
 
-MODEL_FREE_DRAFTERS = ("ngram", "suffix")  # draft on the CPU: no draft step on the GPU
+MODEL_FREE_DRAFTERS = ("ngram", "suffix", "grammar")  # draft on the CPU: no draft step on the GPU (grammar: its forced tokens)
 
 
 def drafter_cost(cost: Cost, drafter: str) -> Cost:

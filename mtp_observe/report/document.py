@@ -362,6 +362,7 @@ def _document(report: Report, comparison: Comparison | None) -> dict:
             for c in report.speculative
         ],
         "drafters": drafters_json(report),
+        **({"grammar": report.grammar} if report.grammar is not None else {}),  # replay --grammar only (grammar.py)
         **whatifs_json(report),
         "batch": batch_json(report.batch, v.serves) if report.batch is not None else None,
         "trees": trees_json(report),

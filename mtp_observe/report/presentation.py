@@ -134,6 +134,10 @@ def number_lines(report: Report, comparison: Comparison | None = None) -> list[s
     if len(report.drafters) > 1 and report.ranking:
         ranked = "; ".join(f"{r.drafter} {num(r.speedup)} at K={r.k}" for r in report.ranking)
         lines.append(f"drafters (speedup at each one's best K): {ranked}; judged: {report.drafter} (--drafter NAME)")
+    if report.grammar is not None:  # replay --grammar: tool calls under their grammar (a what-if line)
+        from .grammar import grammar_line
+
+        lines.append(grammar_line(report.grammar))
     for c in report.speculative:
         state = (f"agree at all {c.steps} steps" if c.agrees else f"not compared ({c.first_difference})"
                  if c.replay_steps is None else f"DIFFER ({c.agree} of {c.steps} steps agree; first: {c.first_difference})")

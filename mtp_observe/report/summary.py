@@ -82,6 +82,7 @@ class Report:
     whatifs: object = None  # whatifs.WhatIfs or None: the head at other precisions and confidence-stopped drafting (report/whatifs.py)
 
     facts: Facts | None = None  # what the verdict's next-step commands are made of (advice.facts_of)
+    grammar: dict | None = None  # replay --grammar's tool-call numbers (grammar.grammar_summary); None without it
 
 
 def summarize(
@@ -153,8 +154,15 @@ def summarize(
         level=level, rows=len(r.depth), overall=overall, segments=segments, turns=turns, sessions=sessions,
         best_k=k, verdict=verdict, notes=tuple(notes), context=context, recording=recording, resampling=plan,
         speculative=speculative_checks(run, steps),
-        drafter=run.drafter, facts=facts,
+        drafter=run.drafter, facts=facts, grammar=_grammar(run),
     )
+
+
+def _grammar(run: Run) -> dict | None:
+    """replay --grammar's tool-call numbers (a what-if beside the verdict), None for a run without it."""
+    from .grammar import grammar_summary
+
+    return grammar_summary(run.path) if run.manifest.get("grammar") else None
 
 
 def _by_turn(run: Run, per_span: Counts, cost: Cost, level: float) -> tuple[Slice, ...]:

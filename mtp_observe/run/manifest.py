@@ -100,6 +100,7 @@ def identity(info, inputs, opts, dtype, device: str, ranks, fallback, fallback_n
                                              RECORDED: {**fallback.as_dict(), "per_session": True, "fallback": fallback_name}},
         "recorded_with": opts.recorded_with,
         "drafters": roster.manifest(),
+        **({"grammar": opts.grammar} if opts.grammar is not None else {}),  # replay --grammar (version 5)
         **(variants or Variants()).manifest(info.geometry.num_layers if info is not None else 1),
         "target_ran": info is not None,
         "target_engine": _target_engine(opts),
@@ -433,6 +434,9 @@ def finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> No
                 total["anchors"] += t["anchors"]
         if drafting:
             timing["drafting"] = drafting
+        tallies = [r["grammar"] for r in results if r.get("grammar")]
+        if tallies:  # --grammar: the tool-call regions, forced tokens, violations (grammar.GrammarContext.manifest)
+            manifest["grammar_tally"] = summed_grammar(tallies)
         manifest.update(status="complete", finished=now(), timing=timing)
     try:
         tables.write_json_atomic(out / entries.MANIFEST, manifest)
@@ -440,3 +444,18 @@ def finish_manifest(out: Path, manifest: dict, results: list[dict], files) -> No
         if failures:
             return
         raise e if isinstance(e, RunDirectoryError) else tables.cannot_write(out / entries.MANIFEST, e) from None
+
+
+def summed_grammar(tallies: list[dict]) -> dict:
+    """Ranks' or shards' grammar tallies (grammar.GrammarContext.manifest) as one: counts, formats and seconds added,
+    flagged calls joined (first 100)."""
+    out = {key: value for key, value in tallies[0].items()}
+    for t in tallies[1:]:
+        for key, value in t.items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                out[key] = out.get(key, 0) + value
+        out["flagged"] = (list(out.get("flagged", [])) + list(t.get("flagged", [])))[:100]
+        for part in ("formats", "seconds"):
+            a, b = out.get(part, {}), t.get(part, {})
+            out[part] = {name: round(a.get(name, 0) + b.get(name, 0), 3) for name in {**a, **b}}
+    return out

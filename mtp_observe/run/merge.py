@@ -302,7 +302,12 @@ def _merged_manifest(first: dict, by_index: dict, count: int, per_shard: dict, a
     if absent or lost or unknown:
         missing = {"shards": absent, "sessions": lost, "unknown": list(unknown)}
     shard = first["shard"]
+    tallies = [m["grammar_tally"] for m in manifests if m.get("grammar_tally")]
     merged = {key: value for key, value in first.items() if key not in ("shard", "failure", "cluster")}
+    if tallies:  # --grammar: every shard's tool-call regions, forced tokens and violations, added
+        from .manifest import summed_grammar
+
+        merged["grammar_tally"] = summed_grammar(tallies)
     merged.update(
         created=min(str(m.get("created")) for m in manifests), finished=None,
         status="partial" if missing is not None or any(m.get("status") != "complete" for m in manifests) else "complete",

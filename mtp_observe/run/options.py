@@ -34,6 +34,7 @@ class ReplayOptions:
     drafters: tuple = ("mtp",)  # --drafters, drafters.roster names in the order given
     ngram: object = None  # drafters.ngram.NgramConfig (--ngram MIN,MAX); None: vLLM's defaults
     suffix: object = None  # drafters.suffix.SuffixConfig (--suffix-*); None: vLLM's defaults
+    grammar: str | None = None  # --grammar: "tools" (tool calls under their grammar, drafting/grammar.py); None: off
     serve_device: str = "h100"  # --serve-device: the GPU whose vLLM numerics the run describes (serving.py)
     fp8_activations: str | None = None  # --fp8-activations dynamic|none; None: what vLLM runs on the serve device
     part_sessions: int = 256  # sessions per part file at most (parts.py; 1: a part per session, as before grouping)
@@ -212,7 +213,7 @@ def drafter_roster(opts: ReplayOptions):
     """The run's drafters.roster.Roster from --drafters, --ngram and the --suffix-* options."""
     from ..drafting.drafters.roster import Roster
 
-    return Roster(tuple(opts.drafters), opts.k, opts.ngram, opts.suffix)
+    return Roster(tuple(opts.drafters), opts.k, opts.ngram, opts.suffix, grammar=opts.grammar)
 
 
 def check_model_free(opts: ReplayOptions, roster) -> None:

@@ -396,7 +396,8 @@ def _replay_owned(inputs: Inputs, out: Path, opts: ReplayOptions, model: LoadedM
             step.feed_other(item)
     return {"counts": tally.counts, "errors": tally.errors, "per_file": tally.per_file,
             "fresh_tokens": tally.fresh_tokens, "wall_s": time.time() - started,
-            "drafting": roster.timing() if tuple(roster.names) != ("mtp",) else {}}
+            "drafting": roster.timing() if tuple(roster.names) != ("mtp",) else {},
+            **({"grammar": roster.grammar.manifest()} if roster.grammar is not None else {})}
 
 
 @dataclass
@@ -472,6 +473,9 @@ class _SessionStep:
         heads = model.info.geometry.num_heads if model is not None else 1
         self.observer.session_start(item.id, rendered.n_tokens, len(rendered.requests),
                                     work=request_works(rendered, opts.k, opts.chunk_size, heads))
+        if self.roster.grammar is not None:  # --grammar: the session's tools, the target's tokenizer
+            r = self.renderer
+            self.roster.grammar.begin_session(rendered.session, r.tokenizer, r.vocab_size or len(r.tokenizer), r.eos_ids)
         positions, requests, c = session_parts(model, item.id, item.index, rendered.requests, opts, self.roster,
                                                recorded, source, speculative, self.recorder, self.observer,
                                                f"{item.path}:{item.line}", self.variants, self.whatifs)

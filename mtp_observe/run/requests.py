@@ -225,6 +225,8 @@ def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, he
         cols["draft_k"] = np.full(R, kk, dtype=np.int8)
         # the tokens the anchor's draft holds, past the end of the turn too (a draft is a chain that stops)
         cols["draft_len"] = (tokens >= 0).sum(dim=1).numpy().astype(np.int8)[ix.anchor_index.numpy()]
+        if groups[code].allowed is not None:  # d_k allowed by the grammar given x_0..x_p and d_1..d_{k-1}
+            cols["draft_allowed"] = groups[code].allowed[ix.anchor_index.numpy(), g_v[(code, kk)], ix.depth.numpy() - 1]
         from_model = groups[code].from_model
         check_finite(cols, head=from_model[:, g_v[(code, kk)]][ix.anchor_index.numpy()] if from_model is not None
                      else np.zeros(R, dtype=bool))
@@ -240,6 +242,13 @@ def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, he
         check_finite(cols, head=cols["draft_token"] >= 0)
         out.append(cols)
         at += E
+    grammar = next((g.grammar for g in groups if g.grammar is not None), None)
+    if grammar is not None:  # --grammar: the recorded token forced, the allowed-set size; every row, whoever drafted
+        for c in out:
+            at = c["pos"].astype(np.int64) + c["depth"].astype(np.int64)
+            c["forced"] = grammar.forced[at]
+            c["allowed"] = grammar.allowed[at]
+            c.setdefault("draft_allowed", np.ones(len(at), dtype=bool))
     if any("tree_node" in c for c in out):  # the trees' column: null on every other row
         from ..drafting.columns import NOT_A_TREE
 
@@ -309,7 +318,7 @@ def session_parts(model: LoadedModel | None, session_id: str, index: int, reques
 
     variants = variants if variants is not None else Variants()
     # an mtp-only run without variants is written as before (no drafter columns)
-    with_drafters = tuple(roster.names) != ("mtp",) or bool(variants)
+    with_drafters = tuple(roster.names) != ("mtp",) or bool(variants) or roster.grammar is not None
     names = [p.name for p in opts.profiles] + [RECORDED] if model is not None else []
     profiles = tuple(opts.profiles) + (recorded,) if model is not None else ()
     try:
@@ -323,7 +332,8 @@ def session_parts(model: LoadedModel | None, session_id: str, index: int, reques
                                        drafters=list(roster.names) + variants.names if with_drafters else None,
                                        target=model is not None,
                                        precisions=list(whatifs.names) if whatifs is not None else None,
-                                       confidence=whatifs is not None and whatifs.confidence)
+                                       confidence=whatifs is not None and whatifs.confidence,
+                                       grammar=roster.grammar is not None)
     table = tables.requests_table(session_id, requests, [r.fit for r in per_request], names,
                                   {"source": source, **recorded.as_dict()} if model is not None else None,
                                   speculative, routing=recorder.take() if recorder is not None else None,

@@ -70,13 +70,17 @@ TREE_NODE = ("tree_node", pa.int8())  # version 3, runs with trees only (module 
 WHATIF_FIELDS = {"head_precision": pa.dictionary(pa.int8(), pa.string()), "draft_confidence": pa.float64()}
 
 
+GRAMMAR_FIELDS = (("forced", pa.bool_()), ("allowed", pa.int32()), ("draft_allowed", pa.bool_()))
+
+
 def positions_schema(profiles: list[str], drafters: bool = False, target: bool = True, trees: bool = False,
-                     precisions: bool = False, confidence: bool = False) -> pa.Schema:
+                     precisions: bool = False, confidence: bool = False, grammar: bool = False) -> pa.Schema:
     """positions.parquet's columns: the fixed ones, then one float32 p_accept_<profile> per sampling profile.
     drafters: with the `drafter` and `draft_k` columns (a run of other drafters than mtp alone, or with variants);
     target False: without the target's columns (a model-free replay ran no target); trees: with `tree_node`;
     precisions: with `head_precision` (`replay --head-precision`), confidence: with `draft_confidence`
-    (`replay --draft-p-min`), version 3."""
+    (`replay --draft-p-min`), version 3; grammar: with `forced`, `allowed` and `draft_allowed` (`replay --grammar`,
+    version 5)."""
     fields = list(_POSITION_FIELDS) + ([TREE_NODE] if trees else [])
     if drafters:
         at = [name for name, _ in fields].index("depth") + 1
@@ -87,6 +91,8 @@ def positions_schema(profiles: list[str], drafters: bool = False, target: bool =
     if confidence:
         at = [name for name, _ in fields].index("draft_logprob") + 1
         fields = fields[:at] + [("draft_confidence", WHATIF_FIELDS["draft_confidence"])] + fields[at:]
+    if grammar:
+        fields = fields + list(GRAMMAR_FIELDS)
     if not target:
         fields = [f for f in fields if f[0] not in TARGET_COLUMNS]
         profiles = []

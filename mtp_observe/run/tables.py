@@ -265,7 +265,7 @@ from .entries import LOCK, MANIFEST, POSITIONS, REQUESTS, is_manifest, overwrite
 from .readers import _one_line, _run_error
 from .schema import REQUESTS_SCHEMA, ROUTING, fit_type, positions_schema, requests_schema
 
-SCHEMA_VERSION = 4  # 4: run.json errors[] may carry "turn" (one turn skipped under --on-error skip)
+SCHEMA_VERSION = 5  # 5: replay --grammar's columns and run.json `grammar`; 4: run.json errors[] may carry "turn"
 SEGMENTS = ["reasoning", "text", "tool_call", "end"]
 
 
@@ -382,7 +382,7 @@ def _plain(x):
 
 def positions_table(session_id: str, per_request: list[tuple[int, dict]], profiles: list[str],
                     drafters: list[str] | None = None, target: bool = True, precisions: list[str] | None = None,
-                    confidence: bool = False) -> pa.Table:
+                    confidence: bool = False, grammar: bool = False) -> pa.Table:
     """per_request: [(request index, columns from acceptance.request_rows)] -> one table, schema-exact.
 
     drafters: the run's drafter names (the columns then carry `drafter`, an index into them, and `draft_k`);
@@ -394,7 +394,7 @@ def positions_table(session_id: str, per_request: list[tuple[int, dict]], profil
 
     trees = bool(per_request) and "tree_node" in per_request[0][1]
     schema = positions_schema(profiles, drafters=drafters is not None, target=target, trees=trees,
-                              precisions=bool(precisions), confidence=confidence)
+                              precisions=bool(precisions), confidence=confidence, grammar=grammar)
     if not per_request:
         return schema.empty_table()
     cols = {name: np.concatenate([c[name] for _, c in per_request]) for name in per_request[0][1]}

@@ -27,6 +27,8 @@ The drafters (names as `positions.parquet` `drafter` values):
                    depth (SuffixConfig(max_spec_tokens=max_tree_depth), as Arctic configures it), its draft
                    cut to K tokens (rows reach depth Kmax only)
     hybrid_longer  the simplest alternative: the longer of suffix decoding's draft at K and MTP's, suffix on ties
+    grammar        the tokens the tool-call grammar forces from the anchor, up to K (grammar.forced_runs; --grammar)
+    grammar+mtp    the forced tokens first, then the head's draft from the end of them (grammar.grammar_then)
 
 State that spans requests (suffix decoding's global tree; two trees when both `suffix`/`hybrid_longer` and
 `hybrid` run, their speculation budgets differ) is fed every request of the run in input order: `draft`
@@ -46,9 +48,10 @@ from .ngram import NgramConfig, NgramDrafter
 from .suffix import SuffixConfig, SuffixDecoding
 
 MTP = "mtp"
-DRAFTERS = (MTP, "ngram", "suffix", "hybrid", "hybrid_longer")
+GRAMMAR = ("grammar", "grammar+mtp")  # need --grammar tools (drafting/grammar.py)
+DRAFTERS = (MTP, "ngram", "suffix", "hybrid", "hybrid_longer") + GRAMMAR
 MODEL_FREE = ("ngram", "suffix")  # draft from the tokens alone
-NEEDS_MTP = (MTP, "hybrid", "hybrid_longer")  # need the head's drafts, so the target's weights
+NEEDS_MTP = (MTP, "hybrid", "hybrid_longer", "grammar+mtp")  # need the head's drafts, so the target's weights
 PER_K = ("suffix", "hybrid", "hybrid_longer")  # a draft per K' (module docstring)
 STATEFUL = ("suffix", "hybrid", "hybrid_longer")  # state spans requests: fed every request in input order
 
@@ -78,6 +81,8 @@ class Drafts:
     tokens: np.ndarray  # [A, V, K] int32 variant v drafted for draft_ks[v]: columns past it NO_TOKEN
     from_model: np.ndarray | None  # [A, V] bool the draft is the model drafter's (None: nowhere)
     runner: str = "v2"  # the vLLM model runner that serves the drafter (Roster.runner)
+    allowed: np.ndarray | None = None  # [A, V, K] bool d_k allowed by the grammar (--grammar; None: no grammar)
+    grammar: object = None  # grammar.RequestGrammar of the request (--grammar; the same for every drafter)
 
 
 def _per_k(draft: np.ndarray) -> np.ndarray:
@@ -92,9 +97,14 @@ class Roster:
     drafts are formed from them and from the MTP head's."""
 
     def __init__(self, names: tuple[str, ...], k: int, ngram: NgramConfig | None = None,
-                 suffix: SuffixConfig | None = None):
+                 suffix: SuffixConfig | None = None, grammar: str | None = None):
         assert names and all(n in DRAFTERS for n in names) and len(set(names)) == len(names), names
         self.names, self.k = tuple(names), k
+        if set(GRAMMAR) & set(names) and grammar is None:
+            raise OptionError("--drafters grammar and grammar+mtp draft what a tool-call grammar forces: add --grammar tools")
+        from ..grammar import GrammarContext
+
+        self.grammar = GrammarContext(grammar) if grammar is not None else None
         self.ngram_config = ngram or NgramConfig()
         self.suffix_config = suffix or SuffixConfig()
         self._ngram = NgramDrafter(self.ngram_config) if "ngram" in names else None
@@ -142,6 +152,8 @@ class Roster:
             "hybrid": {"policy": "suffix when its score >= K and it drafts, else mtp (Arctic Inference)",
                        "suffix": {**suffix, "max_spec_tokens": self.suffix_config.max_tree_depth}},
             "hybrid_longer": {"policy": "the longer of suffix's draft at K and mtp's, suffix on ties", "suffix": suffix},
+            "grammar": {"policy": "the tokens the tool-call grammar forces from the anchor, up to K"},
+            "grammar+mtp": {"policy": "the forced tokens, then mtp's draft from the end of them"},
         }
         return {n: {**about[n], "runner": self.runner(n), "draft_k": list(draft_ks(n, self.k))} for n in self.names}
 
@@ -182,6 +194,8 @@ class Roster:
             elif name == "ngram":
                 got = self._timed("ngram", self._ngram.propose, tokens, sp, K, keep=keep)
                 out.append(Drafts(name, (K,), got.tokens[:, None, :], None, runner))
+            elif name in GRAMMAR:
+                out.append(Drafts(name, (K,), np.full((A, 1, K), NO_TOKEN, dtype=np.int32), None, runner))
             elif name == "suffix":
                 out.append(Drafts(name, draft_ks(name, K), by_k_tokens, None, runner))
             else:
@@ -196,7 +210,39 @@ class Roster:
                     chosen.append(~c.primary)
                 out.append(Drafts(name, draft_ks(name, K), np.stack(variants, axis=1).astype(np.int32),
                                   np.stack(chosen, axis=1), runner))
-        return out
+        return self._with_grammar(out, tokens, spans, sp, mtp) if self.grammar is not None else out
+
+    def _with_grammar(self, out: list[Drafts], tokens, spans, sp, mtp) -> list[Drafts]:
+        """--grammar: the request through the tool-call grammar; the grammar drafters' drafts from its forced tokens,
+        every draft's verdict (allowed given the recorded prefix and the drafts before it)."""
+        from ..grammar import forced_runs, grammar_then
+        from . import span_ends
+
+        at, ends = anchors_of(sp), span_ends(sp)
+        others = [(i, v) for i, d in enumerate(out) if d.name not in GRAMMAR for v in range(len(d.draft_ks))]
+        g = self._timed("grammar", self.grammar.run, tokens, spans, at, [out[i].tokens[:, v, :] for i, v in others])
+        verdicts = {key: g.draft_allowed[j] for j, key in enumerate(others)}
+        forced = forced_runs(g.forced_token, at, ends, self.k)
+        mtp_allowed = verdicts.get((self.names.index(MTP), 0)) if MTP in self.names else None
+        done = []
+        for i, d in enumerate(out):
+            if d.name == "grammar":
+                d = Drafts(d.name, d.draft_ks, forced[:, None, :], None, d.runner)
+                allowed = np.ones(forced.shape, dtype=bool)[:, None, :]  # forced tokens are the recorded ones
+            elif d.name == "grammar+mtp":
+                draft, shift = grammar_then(forced, mtp, at)
+                d = Drafts(d.name, d.draft_ks, draft[:, None, :], (shift == 0)[:, None], d.runner)
+                allowed = np.ones(draft.shape, dtype=bool)
+                if mtp_allowed is not None:  # the head's part: its verdict at anchor p + f (the same chain)
+                    src = np.minimum(np.arange(len(at)) + shift, max(len(at) - 1, 0))
+                    k = np.arange(self.k)[None, :] - shift[:, None]
+                    moved = mtp_allowed[src[:, None], np.clip(k, 0, self.k - 1)] if len(at) else allowed
+                    allowed = np.where(k >= 0, moved, True) & (draft >= 0) | (draft < 0)
+                allowed = allowed[:, None, :]
+            else:
+                allowed = np.stack([verdicts[(i, v)] for v in range(len(d.draft_ks))], axis=1)
+            done.append(Drafts(d.name, d.draft_ks, d.tokens, d.from_model, d.runner, allowed, g))
+        return done
 
     def add_outputs(self, tokens: np.ndarray, spans) -> None:
         """A request whose rows another process writes (or a resumed run already has): state only."""
