@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_the_replay_benchmark_reports_every_figure_on_a_tiny_workload(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
@@ -26,6 +29,7 @@ def test_the_replay_benchmark_reports_every_figure_on_a_tiny_workload(tmp_path):
     assert result["peak_rss_gb"] > 0
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_the_sessions_benchmark_streams_a_generated_file_through_the_cli(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "sessions_bench.py"), "--gb", "0.0005", "--keep", str(tmp_path)],
@@ -36,6 +40,7 @@ def test_the_sessions_benchmark_streams_a_generated_file_through_the_cli(tmp_pat
     assert (tmp_path / "big.jsonl").stat().st_size >= 500_000
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_the_corpus_benchmark_imports_and_renders_the_folders_it_is_given(tmp_path):
     from .conftest import SESSIONS_PUBLIC
 
@@ -57,6 +62,7 @@ def test_the_corpus_benchmark_imports_and_renders_the_folders_it_is_given(tmp_pa
     assert result["total"]["sessions"] == 19 and result["total"]["tokens"] > 0 and result["total"]["render_s"] > 0
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_the_fp8_distance_benchmark_compares_an_fp8_copy_with_the_original(make_checkpoint, tmp_path):
     from .test_replay import SESSION, write_sessions
 
@@ -99,6 +105,7 @@ def test_the_nextn_roofline_at_real_sizes_matches_the_published_parameters_and_n
     assert "| B | decode (ms) |" in bench.markdown(ds)
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_the_what_if_benchmark_times_the_precisions_against_the_plain_replay(tmp_path):
     out = tmp_path / "whatifs.json"
     proc = subprocess.run(

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_the_drafters_benchmark_reports_time_memory_and_acceptance_on_the_demo_sessions(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
@@ -30,6 +33,7 @@ def test_the_drafters_benchmark_reports_time_memory_and_acceptance_on_the_demo_s
     assert "tau_sim" in proc.stdout
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_the_model_free_replay_benchmark_times_replay_and_report_and_their_peak_memory(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(

@@ -264,6 +264,7 @@ def test_a_resumed_model_free_run_equals_an_uninterrupted_one_for_suffix_rows(to
     assert len(mine) == len(theirs) and (mine.draft_token != theirs.draft_token).any()
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_torchrun_with_two_processes_gives_the_same_model_free_rows_as_one(tokenizer_only, tmp_path):
     """Each rank feeds the sessions the other one replays to suffix decoding's global tree, in input order."""
     import os

@@ -54,6 +54,7 @@ def test_an_id_in_the_cache_resolves_to_its_snapshot_and_a_local_directory_wins(
         resolve_model("./nowhere", "--model")
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_every_command_reads_a_cached_id_offline(tiny_checkpoint, tmp_path):
     env = offline_env(fake_cache(tmp_path, tiny_checkpoint))
     inspected = cli("inspect", "example-org/tiny-qwen", "--json", env=env)

@@ -452,6 +452,7 @@ def test_a_nextn_target_at_deepseeks_vocabulary_replays_a_16k_token_session_with
 # --- data-parallel ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_torchrun_with_two_processes_gives_the_same_rows_as_one(tiny_checkpoint, tmp_path):
     records = [dict(SESSION, id=f"s{i}") for i in range(5)]
     bad = {"id": "bad", "messages": [{"role": "user", "content": "q"}]}
