@@ -105,10 +105,11 @@ def mtp_replays(mtp_engine_run, demo_turns):
     return replayed
 
 
-def replay_engine_counts(run: dict, keys, prompts, work: Path, name: str, drafter: tuple[str, ...] = ()) -> tuple[Path, dict]:
+def replay_engine_counts(run: dict, keys, prompts, work: Path, name: str, drafter: tuple[str, ...] = (),
+                         export_as: str | None = None) -> tuple[Path, dict]:
     """Replay the engine's own output tokens of one run with mtp-observe (the MTP head, or the drafter flags given;
     K = 3, vLLM-CPU's numerics): the run directory, and the engine-counted numbers it predicts (export --engine vllm's
-    expected_metrics)."""
+    expected_metrics; export_as: export's --drafter, for a run of several drafters)."""
     temperature, top_p, top_k, recorded_with = SAMPLERS[name]
     sampling = {"temperature": temperature} if temperature == 0 else \
         {"temperature": temperature, "top_p": top_p, "top_k": top_k}
@@ -117,15 +118,17 @@ def replay_engine_counts(run: dict, keys, prompts, work: Path, name: str, drafte
     assert written == len(prompts), "every demo turn should complete with two tokens or more"
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     started = time.time()
-    sampler = ["--recorded-with", recorded_with] if not drafter else []  # a model-free replay scores no sampler
+    # a model-free replay scores no sampler
+    sampler = ["--recorded-with", recorded_with] if not drafter or "mtp" in ",".join(drafter) else []
     replay = subprocess.run([sys.executable, "-m", "mtp_observe", "replay", str(tokens), "--k", str(K),
                              "--serve-device", "cpu", *sampler, *drafter, "-o", str(work / f"run-{name}"),
                              "--progress-every", "0"], capture_output=True, text=True, env=env)
     assert replay.returncode == 0, replay.stderr[-4000:]
     seconds = time.time() - started
     export = subprocess.run([sys.executable, "-m", "mtp_observe", "export", str(work / f"run-{name}"), "--engine", "vllm",
-                             "--k", str(K), "--force", "--replicates", "200"], capture_output=True, text=True)
+                             "--k", str(K), "--force", "--replicates", "200",
+                             *(["--drafter", export_as] if export_as else [])], capture_output=True, text=True)
     assert export.returncode == 0, export.stderr[-4000:]
     expected = json.loads(export.stdout)["expected_metrics"]
-    print(f"replay {name}: {seconds:.1f} s")
+    print(f"replay {name} {' '.join(drafter)}: {seconds:.1f} s")
     return work / f"run-{name}", expected
