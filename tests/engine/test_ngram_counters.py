@@ -8,6 +8,8 @@ count `len(generated_token_ids) - 1`; the trim is `_update_request_with_output`,
 draft that runs past the end-of-turn token, where the target's next argmax agrees with it, is counted as accepted and
 then dropped; the replay reads the target's argmax after the end-of-turn token (positions `accepted_past_end`), which
 needs the target: the n-gram rows are replayed beside the MTP head's (`--drafters mtp,ngram`), not model-free.
+At T = 1.0 the engine's rejection sampler draws: its counts are one draw of what the replay predicts, within
+counting noise. `compare --drafter ngram` on vLLM's own Prometheus text of the greedy run agrees with its replay.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from __future__ import annotations
 import pytest
 
 from .conftest import NGRAM, replay_engine_counts
+from .model_free import compare_on_exposition, within_counting_noise
+
+REPLAY = ("--drafters", "mtp,ngram", "--ngram", f"{NGRAM[0]},{NGRAM[1]}", "--ngram-runner", "v1")
 
 pytestmark = pytest.mark.engine
 
@@ -23,11 +28,10 @@ pytestmark = pytest.mark.engine
 def ngram_counts(ngram_engine_run, demo_turns):
     keys, prompts = demo_turns
     run = ngram_engine_run["runs"][0]
-    _, expected = replay_engine_counts(run, keys, prompts, ngram_engine_run["work"], "greedy",
-                                       ("--drafters", "mtp,ngram", "--ngram", f"{NGRAM[0]},{NGRAM[1]}",
-                                        "--ngram-runner", "v1"), export_as="ngram")
+    run_dir, expected = replay_engine_counts(run, keys, prompts, ngram_engine_run["work"], "greedy", REPLAY,
+                                             export_as="ngram")
     print("engine", run["counters"], "replay", expected["counts"])
-    return run["counters"], expected["counts"]
+    return run["counters"], expected["counts"], run_dir
 
 
 def test_the_ngram_engine_runs_with_the_conv_fix_and_emits_the_greedy_tokens(ngram_engine_run, mtp_engine_run):
@@ -39,5 +43,18 @@ def test_the_ngram_engine_runs_with_the_conv_fix_and_emits_the_greedy_tokens(ngr
 
 
 def test_ngram_greedy_engine_counters_equal_the_replays_to_the_integer(ngram_counts):
-    engine, replay = ngram_counts
+    engine, replay, _ = ngram_counts
     assert engine == replay
+
+
+def test_ngram_sampled_engine_counters_agree_with_the_replay_within_counting_noise(ngram_engine_run, demo_turns):
+    keys, prompts = demo_turns
+    run = next(r for r in ngram_engine_run["runs"] if r["name"] == "t1")
+    _, expected = replay_engine_counts(run, keys, prompts, ngram_engine_run["work"], "t1", REPLAY, export_as="ngram")
+    within_counting_noise(run["counters"], expected)
+
+
+def test_compare_ngram_on_vllms_own_metrics_text_agrees_with_the_replay(ngram_engine_run, ngram_counts):
+    greedy = next(r for r in ngram_engine_run["runs"] if r["name"] == "greedy")  # the first run: its counters alone
+    done = compare_on_exposition(greedy["metrics_text"], ngram_counts[2], "ngram")
+    assert done.returncode == 0 and "AGREES" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]

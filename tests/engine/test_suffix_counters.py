@@ -1,0 +1,63 @@
+"""vLLM's suffix decoding (arctic-inference 0.3.0's tree, built from source into the engine's venv) against the
+replay of the engine's own tokens: greedy to the integer (with the drafts vLLM counts past the end of a turn, as for
+n-gram), T = 1.0 within counting noise, and `compare --drafter suffix` on vLLM's own Prometheus text agrees.
+
+No global tree of earlier outputs (suffix_decoding_max_cached_requests 0, replayed with the same): which requests
+have finished, and so what the global tree holds, depends on the engine's batch, which the replay's one-by-one
+order does not follow. Suffix decoding runs on vLLM's V1 runner (vllm/config/vllm.py:3053-3087), as the replay's
+suffix rows assume; every step with a draft may hold fewer than K tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import SUFFIX_CACHED, replay_engine_counts
+from .model_free import compare_on_exposition, within_counting_noise
+
+pytestmark = pytest.mark.engine
+
+REPLAY = ("--drafters", "mtp,suffix", "--suffix-max-cached-requests", str(SUFFIX_CACHED))
+
+
+@pytest.fixture(scope="module")
+def suffix_replays(suffix_engine_run, demo_turns):
+    keys, prompts = demo_turns
+    cache: dict = {}
+
+    def replayed(name: str):
+        if name not in cache:
+            run = next(r for r in suffix_engine_run["runs"] if r["name"] == name)
+            cache[name] = replay_engine_counts(run, keys, prompts, suffix_engine_run["work"], name, REPLAY,
+                                               export_as="suffix")
+        return run, cache[name]
+
+    return replayed
+
+
+def test_the_suffix_engine_runs_and_emits_the_greedy_tokens(suffix_engine_run, mtp_engine_run):
+    assert suffix_engine_run["fixes"] == ["gdn_prefill", "expand", "spec_conv"]
+    greedy = next(r for r in suffix_engine_run["runs"] if r["name"] == "greedy")
+    assert greedy["counters"]["num_drafts"] > 0
+    mtp_greedy = next(r for r in mtp_engine_run["runs"] if r["name"] == "greedy")
+    # greedy speculative decoding is lossless: any drafter, the same tokens (up to a rare bf16 near-tie that another
+    # verify width moves: at most one turn in ten)
+    differ = sum(a["token_ids"] != b["token_ids"] for a, b in zip(greedy["outputs"], mtp_greedy["outputs"]))
+    assert differ <= len(greedy["outputs"]) // 10, differ
+
+
+def test_suffix_greedy_engine_counters_equal_the_replays_to_the_integer(suffix_replays):
+    run, (_, expected) = suffix_replays("greedy")
+    print("engine", run["counters"], "replay", expected["counts"])
+    assert run["counters"] == expected["counts"]
+
+
+def test_suffix_sampled_engine_counters_agree_with_the_replay_within_counting_noise(suffix_replays):
+    run, (_, expected) = suffix_replays("t1")
+    within_counting_noise(run["counters"], expected)
+
+
+def test_compare_suffix_on_vllms_own_metrics_text_agrees_with_the_replay(suffix_replays):
+    run, (run_dir, _) = suffix_replays("greedy")  # the first run: its counters alone
+    done = compare_on_exposition(run["metrics_text"], run_dir, "suffix")
+    assert done.returncode == 0 and "AGREES" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
