@@ -137,10 +137,15 @@ def _engine_k(report: Report, measured: EngineMeasurement, k: int | None, traffi
     return k
 
 
-def _check_draft_lengths(report: Report, n) -> None:
+def _check_draft_lengths(report: Report, n, measured: EngineMeasurement) -> None:
     """A drafter whose steps may draft fewer than K tokens, or none (V1's n-gram, suffix decoding), is compared over
-    the steps that drafted, as vLLM counts them: that needs the run's draft lengths (schema 3 on)."""
-    if report.drafter != "mtp" and not n.drafted:
+    the steps that drafted, as vLLM counts them: that needs the run's draft lengths (schema 3 on). The MTP head
+    drafts K every step: counters with fewer are of dynamic speculative decoding, refused."""
+    if report.drafter == "mtp" and measured.draft_tokens is not None and measured.steps and \
+            measured.draft_tokens != n.k * measured.steps:
+        raise EngineMetricsError(f"{measured.draft_tokens:,.0f} draft tokens in {measured.steps:,.0f} drafts is not "
+                                 f"{n.k} per draft (dynamic speculative decoding); compare a static K")
+    if report.drafter != "mtp" and int(report.manifest.get("schema_version") or 0) < 3:
         raise OptionError(f"compare --drafter {report.drafter}: the run has no draft lengths (written before "
                           "schema_version 3), and an engine counts only the steps where the drafter proposed tokens: "
                           "replay it again with this mtp-observe")
@@ -188,7 +193,7 @@ def check(report: Report, measured: EngineMeasurement, k: int | None = None, tra
     the bf16 flips (their drafts are functions of the tokens alone)."""
     k = _engine_k(report, measured, k, traffic)
     n = engine_numbers(report, k)
-    _check_draft_lengths(report, n)
+    _check_draft_lengths(report, n, measured)
     flip_share = 0.0 if report.drafter in MODEL_FREE_DRAFTERS else BF16_DRAFT_FLIP_SHARE  # drafts from the tokens alone
     check_acceptance_length(measured, n.k)
     o = report.overall
