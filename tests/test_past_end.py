@@ -6,14 +6,12 @@ draft the target predicts after it counts one more accepted token than the turn 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import numpy as np
 import torch
 
 from mtp_observe.drafting.acceptance import accepted_past_end, anchor_plan, past_end_entries
+from mtp_observe.engines.numbers import engine_numbers
+from mtp_observe.report import read_and_summarize
 from mtp_observe.report.metrics import decode_walk
 from mtp_observe.sessions.rendering import Span
 
@@ -51,20 +49,20 @@ def test_the_draft_token_past_the_end_is_read_where_the_draft_reaches_it_and_jud
     assert short.anchor_index.tolist() == [2] and short.token.tolist() == [8]
 
 
-def _export_counts(run) -> dict:
-    out = subprocess.run([sys.executable, "-m", "mtp_observe", "export", str(run), "--engine", "vllm", "--k", "3",
-                          "--force", "--replicates", "50"], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)["expected_metrics"]["counts"]
+def _engine_counts(run) -> dict:
+    """What `export --engine vllm` writes as expected_metrics.counts (engines/exports.py reads engine_numbers)."""
+    n = engine_numbers(read_and_summarize(run, replicates=20).report, 3)
+    return {"num_drafts": n.steps, "num_draft_tokens": n.draft_tokens, "num_accepted_tokens": n.accepted,
+            "num_accepted_tokens_per_pos": list(n.per_pos_counts)}
 
 
-def test_the_vllm_export_counts_a_draft_accepted_past_the_end_of_turn_as_vllms_counters_do(tmp_path):
+def test_the_engine_counted_numbers_count_a_draft_accepted_past_the_end_of_turn_as_vllms_counters_do(tmp_path):
     # the walk above as a run: the second step (anchor s+2) accepts x_{e-1}, x_e and the draft past x_e
     matches = [[1, 0, 0], [0, 0, 0], [1, 1], [1]]
     spans = {"a": [HandSpan(0, 1, 5, matches, past_end={7, 8})]}
-    counts = _export_counts(write_run(tmp_path / "past", spans, k=3, version=5, past_end=True))
+    counts = _engine_counts(write_run(tmp_path / "past", spans, k=3, version=5, past_end=True))
     assert counts == {"num_drafts": 2, "num_draft_tokens": 6, "num_accepted_tokens": 4,
                       "num_accepted_tokens_per_pos": [2, 1, 1]}
     # a run without the column (older runs, model-free replays): nothing past the end, as before
-    before = _export_counts(write_run(tmp_path / "before", {"a": [HandSpan(0, 1, 5, matches)]}, k=3, version=4))
+    before = _engine_counts(write_run(tmp_path / "before", {"a": [HandSpan(0, 1, 5, matches)]}, k=3, version=4))
     assert before["num_accepted_tokens_per_pos"] == [2, 1, 0] and before["num_accepted_tokens"] == 3

@@ -17,7 +17,10 @@ from .model_free import compare_on_exposition, within_counting_noise
 
 pytestmark = pytest.mark.engine
 
-REPLAY = ("--drafters", "mtp,suffix", "--suffix-max-cached-requests", str(SUFFIX_CACHED))
+OPTIONS = ("--suffix-max-cached-requests", str(SUFFIX_CACHED))
+# greedy: beside the head, so the target says which drafts past the end of a turn vLLM accepts (test_ngram_counters);
+# T = 1.0: model-free (seconds, not minutes), those few drafts are far inside the counting noise
+REPLAY = {"greedy": ("--drafters", "mtp,suffix", *OPTIONS), "t1": ("--drafters", "suffix", *OPTIONS)}
 
 
 @pytest.fixture(scope="module")
@@ -28,22 +31,18 @@ def suffix_replays(suffix_engine_run, demo_turns):
     def replayed(name: str):
         if name not in cache:
             run = next(r for r in suffix_engine_run["runs"] if r["name"] == name)
-            cache[name] = replay_engine_counts(run, keys, prompts, suffix_engine_run["work"], name, REPLAY,
+            cache[name] = replay_engine_counts(run, keys, prompts, suffix_engine_run["work"], name, REPLAY[name],
                                                export_as="suffix")
         return run, cache[name]
 
     return replayed
 
 
-def test_the_suffix_engine_runs_and_emits_the_greedy_tokens(suffix_engine_run, mtp_engine_run):
+def test_the_suffix_engine_runs_with_every_fix_and_drafts_fewer_than_k_tokens_at_some_steps(suffix_engine_run):
     assert suffix_engine_run["fixes"] == ["gdn_prefill", "expand", "spec_conv"]
-    greedy = next(r for r in suffix_engine_run["runs"] if r["name"] == "greedy")
-    assert greedy["counters"]["num_drafts"] > 0
-    mtp_greedy = next(r for r in mtp_engine_run["runs"] if r["name"] == "greedy")
-    # greedy speculative decoding is lossless: any drafter, the same tokens (up to a rare bf16 near-tie that another
-    # verify width moves: at most one turn in ten)
-    differ = sum(a["token_ids"] != b["token_ids"] for a, b in zip(greedy["outputs"], mtp_greedy["outputs"]))
-    assert differ <= len(greedy["outputs"]) // 10, differ
+    for run in suffix_engine_run["runs"]:
+        c = run["counters"]
+        assert 0 < c["num_drafts"] and c["num_drafts"] <= c["num_draft_tokens"] < 3 * c["num_drafts"], c
 
 
 def test_suffix_greedy_engine_counters_equal_the_replays_to_the_integer(suffix_replays):
