@@ -233,15 +233,15 @@ def test_a_version_2_run_is_read_with_notes_of_what_it_lacks_and_its_drafts_end_
     assert doc["speculative_config"]["method"] == "suffix"
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "suffix"])
-def test_compare_judges_a_model_free_drafter_over_the_steps_that_drafted(variable_run, drafter, tmp_path):
+def test_compare_judges_a_model_free_drafter_over_the_steps_that_drafted(variable_run, tmp_path):
+    drafter = "suffix"  # fewer than K tokens at some steps, none at others (n-gram's in the engine suite)
     import subprocess
     import sys
 
     from .test_engines import prometheus
 
     n = engine_numbers(read_and_summarize(variable_run, drafter=drafter, replicates=50).report, K)
-    assert n.variable_length or drafter == "ngram"  # suffix decoding drafts fewer than K tokens at some steps
+    assert n.variable_length
 
     def compare(text: str):
         (tmp_path / "metrics.txt").write_text(text)
