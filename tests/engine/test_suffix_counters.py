@@ -31,8 +31,8 @@ def suffix_replays(suffix_engine_run, demo_turns):
     cache: dict = {}
 
     def replayed(name: str):
+        run = next(r for r in suffix_engine_run["runs"] if r["name"] == name)
         if name not in cache:
-            run = next(r for r in suffix_engine_run["runs"] if r["name"] == name)
             cache[name] = replay_engine_counts(run, keys, prompts, suffix_engine_run["work"], name, REPLAY[name],
                                                export_as="suffix")
         return run, cache[name]
