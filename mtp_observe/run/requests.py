@@ -280,6 +280,9 @@ def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, he
 
         for c in out:
             c.setdefault("tree_node", np.full(len(c["pos"]), NOT_A_TREE, dtype=np.int8))
+    if any("accepted_past_end" in c for c in out):  # a tree's or layer rule's rows: nothing counted past the end
+        for c in out:
+            c.setdefault("accepted_past_end", np.zeros(len(c["pos"]), dtype=np.int8))
     columns = {name: np.concatenate([c[name] for c in out]) for name in out[0]} if out else {}
     return columns, reductions
 
