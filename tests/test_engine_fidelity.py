@@ -231,3 +231,25 @@ def test_a_version_2_run_is_read_with_notes_of_what_it_lacks_and_its_drafts_end_
     assert then.draft_tokens <= now.draft_tokens
     doc = json.loads(export(reading, "vllm", K))  # and it still exports
     assert doc["speculative_config"]["method"] == "suffix"
+
+
+def test_compare_judges_a_model_free_drafter_over_the_steps_that_drafted(variable_run, tmp_path):
+    drafter = "suffix"  # fewer than K tokens at some steps, none at others (n-gram's in the engine suite)
+    import subprocess
+    import sys
+
+    from .test_engines import prometheus
+
+    n = engine_numbers(read_and_summarize(variable_run, drafter=drafter, replicates=50).report, K)
+    assert n.variable_length
+
+    def compare(text: str):
+        (tmp_path / "metrics.txt").write_text(text)
+        return subprocess.run([sys.executable, "-m", "mtp_observe", "compare", str(variable_run), "--engine-metrics",
+                               str(tmp_path / "metrics.txt"), "--drafter", drafter, "--replicates", "50"],
+                              capture_output=True, text=True)
+
+    same = compare(prometheus(n))  # the run's per-position rates over its steps with a draft
+    assert same.returncode == 0 and "AGREES" in same.stdout and "DISAGREES" not in same.stdout, (same.stdout, same.stderr)
+    lower = compare(prometheus(n, shift=-0.05))
+    assert lower.returncode == 1 and "DISAGREES" in lower.stdout, (lower.stdout, lower.stderr)

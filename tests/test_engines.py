@@ -340,7 +340,7 @@ def test_compare_reads_vllm_per_request_responses_and_sglang_log_lines(reading):
     ('vllm:spec_decode_num_drafts_total{engine="0" 5\n', "not a Prometheus sample line"),
     ('vllm:spec_decode_num_drafts_total 10\nvllm:spec_decode_num_draft_tokens_total 25\n'
      'vllm:spec_decode_num_accepted_tokens_total 5\nvllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 3\n'
-     'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 2\n', "not 2 per draft"),
+     'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 2\n', "not 1 to 2 per draft"),
     ('{"metrics": {"speculative_decoding": null}}', "no metrics.speculative_decoding"),
 ])
 def test_an_unreadable_engine_metrics_file_is_one_line_naming_it(text, expected):
@@ -360,7 +360,19 @@ def test_compare_refuses_an_engine_k_past_the_runs_and_a_missing_file_in_one_lin
     assert missing.returncode == 2 and "cannot read" in missing.stderr
 
 
-def test_a_model_free_drafter_gets_its_own_vllm_config_a_hybrid_none_and_compare_refuses_them(reading):
+def test_compare_refuses_mtp_counters_whose_drafts_are_not_k_each_in_one_line(big_run, reading, tmp_path):
+    n = engine_numbers(reading.report)
+    text = prometheus(n)
+    full = f"vllm:spec_decode_num_draft_tokens_total{{engine=\"0\",model_name=\"Qwen/Qwen3.5-0.8B\"}} {float(n.k * n.steps * 10)}"
+    assert full in text
+    f = tmp_path / "m.txt"
+    f.write_text(text.replace(full, full.replace(f" {float(n.k * n.steps * 10)}", f" {float(n.k * n.steps * 10 - 7)}")))
+    r = cli("compare", str(big_run), "--engine-metrics", str(f), "--replicates", "20")
+    assert r.returncode == 2 and "dynamic speculative decoding" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_a_model_free_drafter_gets_its_own_vllm_config_a_hybrid_none_and_compare_refuses_one_without_draft_lengths(
+        reading):
     # vllm/config/speculative.py: method "ngram" with prompt_lookup_min / prompt_lookup_max; method "suffix" with
     # suffix_decoding_max_tree_depth / _max_cached_requests / _max_spec_factor / _min_token_prob.
     from dataclasses import replace
@@ -387,7 +399,7 @@ def test_a_model_free_drafter_gets_its_own_vllm_config_a_hybrid_none_and_compare
             """"suffix_decoding_min_token_prob": 0.1}'""") in lines("suffix")[0]
     assert "no engine flag" in lines("hybrid")[0]
     mtp_only = read_engine_metrics(prometheus(engine_numbers(report)), "m.txt")
-    with pytest.raises(OptionError, match="compare checks an MTP run"):
+    with pytest.raises(OptionError, match="the run has no draft lengths"):  # a hand run: no draft_len column
         check(replace(report, drafter="ngram", manifest=manifest), mtp_only)
 
 

@@ -12,6 +12,15 @@ Per row (p, k):
     match         d_k == x_{p+k}
     accepted      match at every depth 1..k (the chain survives to depth k)
 Worked example, span s=10, e=13, K=4: anchors 10, 11, 12 with depths 3, 2, 1 — six rows.
+
+Past the end of the turn (`past_end_entries`, `accepted_past_end`): an engine verifies a draft that runs past the
+end-of-turn token like any other and counts what it accepts before it trims the tokens past the stop token
+(vllm/v1/core/sched/scheduler.py:2116-2135 count len(generated_token_ids) - 1; the trim, :2166 and :2493-2511).
+The target's prediction after x_e is its argmax at e, which the forward has: an anchor p with e - p < K whose draft
+holds d_{e-p+1} gets accepted_past_end = 1 when d_{e-p+1} is that argmax (0 otherwise), on every row of the anchor.
+Deeper drafts past the end would need the target's forward over its own continuation; they count as rejected.
+Worked example, span s=10, e=13, K=4, target argmax at 13 = 7: anchor 11 drafting [x_12, x_13, 7, 9] has
+accepted_past_end 1; anchor 12 drafting [x_13, 8] has 0.
 """
 
 from __future__ import annotations
@@ -55,6 +64,34 @@ class RowIndex:
     actual_position: Tensor  # [R] int64 p + k, the recorded token's index
 
 
+@dataclass(frozen=True)
+class PastEnd:
+    """The anchors whose draft holds a token just past the end of their turn: where to read the target."""
+
+    anchor_index: Tensor  # [B] int64 index into plan.anchors (e - p < K and d_{e-p+1} proposed)
+    target_position: Tensor  # [B] int64 e, the end-of-turn token's index: the target's logits after it
+    token: Tensor  # [B] int64 the draft d_{e-p+1}
+
+
+def past_end_entries(plan: AnchorPlan, draft_tokens: Tensor, k_max: int) -> PastEnd:
+    """draft_tokens [A, K'] (NO_TOKEN -1 where nothing is proposed; K' may be below k_max) -> PastEnd."""
+    tokens = draft_tokens.cpu()
+    short = plan.depths < min(k_max, tokens.shape[1])  # e - p < K: the draft reaches past x_e
+    a = torch.nonzero(short, as_tuple=True)[0]
+    m = plan.depths[a]
+    token = tokens[a, m].long() if a.numel() else torch.empty(0, dtype=torch.long)
+    proposed = token >= 0
+    a, m, token = a[proposed], m[proposed], token[proposed]
+    return PastEnd(a, plan.anchors[a] + m, token)
+
+
+def accepted_past_end(past: PastEnd, target_token: Tensor, n_anchors: int) -> Tensor:
+    """[A] int8: 1 where the draft's first token past x_e is the target's argmax after x_e (target_token [B])."""
+    out = torch.zeros(n_anchors, dtype=torch.int8)
+    out[past.anchor_index] = (target_token.cpu().long() == past.token).to(torch.int8)
+    return out
+
+
 def row_index(plan: AnchorPlan, k_max: int) -> RowIndex:
     A = plan.anchors.shape[0]
     k = torch.arange(1, k_max + 1)
@@ -82,6 +119,7 @@ def request_rows(
     draft_logprobs: Tensor,
     reductions,
     k_max: int,
+    past_end: Tensor | None = None,
 ) -> dict[str, np.ndarray]:
     """Columns of positions.parquet for one request (without session_id/request), as numpy arrays.
 
@@ -89,7 +127,7 @@ def request_rows(
     draft_tokens/draft_logprobs: [A, K] from the chain, or any drafter's drafts (NO_TOKEN = -1 where it
     proposes nothing: such a row never matches); draft_logprobs None: NaN (a model-free drafter has none);
     reductions: target.Reductions over the rows, or None when no target was run (the target's columns are
-    then left out).
+    then left out). past_end: [A] int8 accepted_past_end of each anchor (None: 0; written with the target's columns).
     """
     a, k = index.anchor_index, index.depth
     draft = draft_tokens.cpu()[a, k - 1]
@@ -115,6 +153,8 @@ def request_rows(
     cols["target_token"] = reductions.target_token.cpu().numpy().astype(np.int32)
     cols["target_logprob"] = reductions.target_logprob.cpu().numpy().astype(np.float32)
     cols["actual_logprob"] = reductions.actual_logprob.cpu().numpy().astype(np.float32)
+    cols["accepted_past_end"] = (past_end[a].numpy() if past_end is not None
+                                 else np.zeros(len(a), dtype=np.int8)).astype(np.int8)
     for name, values in reductions.p_accept.items():
         cols[f"p_accept_{name}"] = values.cpu().numpy().astype(np.float32)
     return cols

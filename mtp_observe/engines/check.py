@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import EngineMetricsError, OptionError
 from ..report import Report
+from ..report.denominator import MODEL_FREE_DRAFTERS
 from ..report.flags import reading_note
 from .counters import EngineMeasurement, check_acceptance_length
 from .numbers import engine_numbers
@@ -133,10 +134,21 @@ def _engine_k(report: Report, measured: EngineMeasurement, k: int | None, traffi
             raise EngineMetricsError(f"the engine drafted K={measured.k}; the run replayed up to K={report.k}: replay "
                                      f"with --k {measured.k}")
         k = measured.k
-    if report.drafter != "mtp":
-        raise OptionError(f"compare --drafter {report.drafter}: an engine counts only the steps where a model-free "
-                          "drafter proposed tokens, which the run does not count per step; compare checks an MTP run")
     return k
+
+
+def _check_draft_lengths(report: Report, n, measured: EngineMeasurement) -> None:
+    """A drafter whose steps may draft fewer than K tokens, or none (V1's n-gram, suffix decoding), is compared over
+    the steps that drafted, as vLLM counts them: that needs the run's draft lengths (schema 3 on). The MTP head
+    drafts K every step: counters with fewer are of dynamic speculative decoding, refused."""
+    if report.drafter == "mtp" and measured.draft_tokens is not None and measured.steps and \
+            measured.draft_tokens != n.k * measured.steps:
+        raise EngineMetricsError(f"{measured.draft_tokens:,.0f} draft tokens in {measured.steps:,.0f} drafts is not "
+                                 f"{n.k} per draft (dynamic speculative decoding); compare a static K")
+    if report.drafter != "mtp" and int(report.manifest.get("schema_version") or 0) < 3:
+        raise OptionError(f"compare --drafter {report.drafter}: the run has no draft lengths (written before "
+                          "schema_version 3), and an engine counts only the steps where the drafter proposed tokens: "
+                          "replay it again with this mtp-observe")
 
 
 def _why_not(relevant: list) -> str:
@@ -176,9 +188,13 @@ def check(report: Report, measured: EngineMeasurement, k: int | None = None, tra
     half-width is the smallest difference the comparison can detect.
     Which UNRELIABLE causes matter: for the same tokens, an unfinished run or traffic that fits no sampler (the run
     then does not describe what this engine served); for other traffic, every cause (too few sessions: the run's
-    numbers hold within its sessions only)."""
+    numbers hold within its sessions only).
+    Model-free drafters (n-gram, suffix decoding) are compared over the steps that drafted (engine_numbers), without
+    the bf16 flips (their drafts are functions of the tokens alone)."""
     k = _engine_k(report, measured, k, traffic)
     n = engine_numbers(report, k)
+    _check_draft_lengths(report, n, measured)
+    flip_share = 0.0 if report.drafter in MODEL_FREE_DRAFTERS else BF16_DRAFT_FLIP_SHARE  # drafts from the tokens alone
     check_acceptance_length(measured, n.k)
     o = report.overall
     if traffic == "other" and o.replicates is None:
@@ -210,9 +226,9 @@ def check(report: Report, measured: EngineMeasurement, k: int | None = None, tra
         for i in range(n.k):
             p = float(n.per_position[i])
             rows.append(band(f"per-position acceptance, position {i + 1}", measured.per_position[i], p, p * (1 - p),
-                             (i + 1) * BF16_DRAFT_FLIP_SHARE, "per_position_acceptance", (n.k - 1, i)))
+                             (i + 1) * flip_share, "per_position_acceptance", (n.k - 1, i)))
     rows.append(band("mean acceptance length", measured.mean_acceptance_length, n.mean_acceptance_length, var_accepted,
-                     n.k * (n.k + 1) / 2 * BF16_DRAFT_FLIP_SHARE, "mean_acceptance_length", (n.k - 1,)))
+                     n.k * (n.k + 1) / 2 * flip_share, "mean_acceptance_length", (n.k - 1,)))
     # 2. Whether the run speaks for this traffic (its verdict's causes).
     v = report.verdict
     matter = ("unfinished", "model-free", "sampler") if traffic == "same" else tuple(c.name for c in v.causes)

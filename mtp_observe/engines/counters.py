@@ -58,6 +58,7 @@ class EngineMeasurement:
     mean_acceptance_length: float
     detail: str  # for people: what was summed
     model_name: str | None = None  # the counters' model_name label (vLLM /metrics), None where the source has none
+    draft_tokens: float | None = None  # num_draft_tokens (vLLM /metrics; None where the source has none)
 
 
 VLLM_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
@@ -213,9 +214,9 @@ def _check_counters(drafts: int, draft_tokens: int, accepted: int, per_pos: list
         raise EngineMetricsError(f"{where}:{at['accepted']}: vllm:spec_decode_num_accepted_tokens is {accepted:,}, but its "
                                  f"per-position counts add up to {sum(per_pos):,}: vLLM counts each accepted token once, "
                                  "at its position; these are not one engine's counters")
-    if draft_tokens != k * drafts:
-        raise EngineMetricsError(f"{where}: {draft_tokens:,} draft tokens in {drafts:,} drafts is not {k} per draft "
-                                 "(dynamic speculative decoding or shortened drafts); compare a static K")
+    if not drafts <= draft_tokens <= k * drafts:  # fewer than K: a model-free drafter's short drafts (engines.check)
+        raise EngineMetricsError(f"{where}: {draft_tokens:,} draft tokens in {drafts:,} drafts is not 1 to {k} per draft: "
+                                 "a step with a draft drafts at least one token and at most K; this is not a measurement")
 
 
 def read_prometheus(text: str, where: str) -> EngineMeasurement:
@@ -257,6 +258,7 @@ def read_prometheus(text: str, where: str) -> EngineMeasurement:
     rates = np.array([c / drafts for c in per_pos])
     window_said = f"the window between {scrapes} scrapes (from line {first} to line {last}): " if scrapes > 1 else ""
     return EngineMeasurement(source="vllm-prometheus", k=k, steps=float(drafts), per_position=rates,
+                             draft_tokens=float(draft_tokens),
                              mean_acceptance_length=1.0 + accepted / drafts, model_name=next(iter(models), None),
                              detail=f"vLLM counters{' (_total)' if use_total else ''}: {window_said}{drafts:,} drafts, "
                                     f"{accepted:,} accepted tokens")

@@ -290,7 +290,8 @@ class DecodeWalk:
     #                                         tokens (None: no draft lengths given)
 
 
-def decode_walk(accepted_len: np.ndarray, span_len: np.ndarray, k: int, draft_len: np.ndarray | None = None) -> DecodeWalk:
+def decode_walk(accepted_len: np.ndarray, span_len: np.ndarray, k: int, draft_len: np.ndarray | None = None,
+                past_end: np.ndarray | None = None) -> DecodeWalk:
     """The walk of `simulate_decode`, with the anchors it visits and vLLM's per-position counts over them.
 
     Worked example (simulate_decode's): accepted lengths [2, 0, 0, 1, 1], e - s = 5, k = 2: the walk visits
@@ -299,6 +300,13 @@ def decode_walk(accepted_len: np.ndarray, span_len: np.ndarray, k: int, draft_le
     rates are A_1 = 3/5 and A_2 = 1/4 (p=0 only, of the 4 anchors with p + 2 <= e). With draft_len [A] (the tokens
     each anchor's draft holds, past the end of the turn too) [2, 2, 2, 1, 0]: step_drafted [[2, 1]] (anchor 3
     drafted one token).
+
+    past_end [A] (accepted_past_end: the draft's first token past the end of the turn is the target's argmax after
+    it): a visited step whose chain accepts through the end-of-turn token (a = e - p < k) counts one more accepted
+    draft, as vLLM counts before it trims past the stop token (scheduler.py:2116-2135, :2166); the tokens emitted,
+    and so the steps, are unchanged. Example: one span, e - s = 2, accepted lengths [2, 1], past_end [1, 0], k = 3:
+    the walk visits anchor 0 only, which accepts both remaining tokens (the end-of-turn one last) and its third
+    draft past it: step_accepted [[1, 1, 1]], where it is [[1, 1, 0]] without past_end.
 
     Computed without a Python loop over positions: each span is laid out as e - s anchor slots plus one
     terminal slot; next[i] = i + emitted; the step count from the span's first slot to its terminal slot is
@@ -340,6 +348,10 @@ def decode_walk(accepted_len: np.ndarray, span_len: np.ndarray, k: int, draft_le
     visited = marked[~is_terminal]
     anchor_span = span_of_slot[~is_terminal]
     capped = a[~is_terminal]
+    if past_end is not None:  # drafts accepted past the end-of-turn token, counted before the trim
+        left = remaining[~is_terminal]
+        capped = np.where((capped == left) & (left < k), np.minimum(capped + np.asarray(past_end, dtype=np.int64), k),
+                          capped)
     histogram = np.bincount(anchor_span[visited] * (k + 1) + capped[visited], minlength=n_spans * (k + 1))
     histogram = histogram.reshape(n_spans, k + 1)  # [N, k+1] visited steps by accepted length 0..k
     reaching = np.cumsum(histogram[:, ::-1], axis=1)[:, ::-1]  # [N, k+1] steps accepting at least that length

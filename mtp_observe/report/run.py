@@ -113,6 +113,8 @@ class Run:
     draft_len: np.ndarray | None = None  # [A] int64  tokens each anchor's (Kmax) draft holds, past the end of the
     #                                      turn too (vLLM's num_draft_tokens of a step there); None: always K (mtp)
     draft_len_by_k: np.ndarray | None = None  # [A, K] the same for the draft made for K' = 1..K (per-K drafters)
+    past_end: np.ndarray | None = None  # [A] int64  accepted_past_end of each anchor's (Kmax) draft (schema 5; None: 0)
+    past_end_by_k: np.ndarray | None = None  # [A, K] the same for the draft made for K' = 1..K (per-K drafters)
     precision: str | None = None  # the what-if precision of the head these rows are of (None: the head as served)
 
     @property
@@ -189,6 +191,7 @@ class _Positions:
     p_accept: np.ndarray  # [R, P] float64
     tree_node: np.ndarray | None  # [R] int64  a tree's rows only
     with_draft_len: bool  # the rows carry draft_len
+    past_end_rows: np.ndarray | None = None  # [R] int64  accepted_past_end (None without the column)
 
 
 def _read_positions(plan: _Plan, notes: list[str]) -> _Positions:
@@ -197,9 +200,11 @@ def _read_positions(plan: _Plan, notes: list[str]) -> _Positions:
     path, chosen, K, target_ran, profiles = plan.path, plan.chosen, plan.k, plan.target_ran, plan.profiles
     positions_path = path / "positions.parquet"
     with_draft_len = plan.with_drafters and chosen != "mtp" and has_column(positions_path, "draft_len")
+    with_past_end = target_ran and has_column(positions_path, "accepted_past_end")
     columns = ["session_id", "request", "pos", "depth", "segment", "draft_token", "actual_token", "match", "accepted",
                "draft_logprob"] + (["target_token", "target_logprob", "actual_logprob"] if target_ran else []) + \
               [f"p_accept_{p}" for p in profiles] + (["draft_len"] if with_draft_len else []) + \
+              (["accepted_past_end"] if with_past_end else []) + \
               (["tree_node"] if plan.tree_rows else []) + [PART]
     confident = has_column(positions_path, "draft_confidence")
     columns += ["draft_confidence"] if confident else []
@@ -243,6 +248,7 @@ def _read_positions(plan: _Plan, notes: list[str]) -> _Positions:
         tree_node=table.column("tree_node").fill_null(-3).to_numpy(zero_copy_only=False).astype(np.int64)[order]
         if plan.tree_rows else None,
         with_draft_len=with_draft_len,
+        past_end_rows=col("accepted_past_end")[order] if with_past_end else None,
     )
     del table, order, col  # the arrays hold what the report reads: the Arrow buffers can go
     pa.default_memory_pool().release_unused()
@@ -254,20 +260,22 @@ def _read_positions(plan: _Plan, notes: list[str]) -> _Positions:
 
 
 def _by_k(plan: _Plan, rows: _Positions, spans: "Spans", accepted_len: np.ndarray, draft_len: np.ndarray | None,
-          requests_path: Path) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """([A, K] accepted lengths, [A, K] draft lengths) of the drafts made for every K' = 1..K by a per-K drafter
-    (suffix, the hybrids; the same anchors), or (None, None) for a drafter whose draft at K' is its Kmax draft cut."""
+          past_end: np.ndarray | None, requests_path: Path) -> tuple[np.ndarray | None, ...]:
+    """([A, K] accepted lengths, [A, K] draft lengths, [A, K] accepted_past_end or None) of the drafts made for every
+    K' = 1..K by a per-K drafter (suffix, the hybrids; the same anchors), or Nones for a drafter whose draft at K' is
+    its Kmax draft cut."""
     K, chosen, draft_ks = plan.k, plan.chosen, plan.draft_ks
     if len(draft_ks) <= 1:
-        return None, None
+        return None, None, None
     if sorted(draft_ks) != list(range(1, K + 1)):
         raise _run_error(plan.path / "run.json", f"drafters.{chosen}.draft_k is {list(draft_ks)}, expected [1, .., {K}] "
                                                  f"or [{K}]; the run directory is inconsistent")
-    by_k = [(accepted_len, draft_len) if kk == K else _accepted_at(
+    by_k = [(accepted_len, draft_len, past_end) if kk == K else _accepted_at(
         plan.path / "positions.parquet", plan.status, chosen, kk, rows.session_keys, spans, rows.sessions, requests_path,
-        rows.with_draft_len)
+        rows.with_draft_len, past_end is not None)
         for kk in range(1, K + 1)]
-    return np.stack([a for a, _ in by_k], axis=1), np.stack([d for _, d in by_k], axis=1)
+    return (np.stack([a for a, _, _ in by_k], axis=1), np.stack([d for _, d, _ in by_k], axis=1),
+            np.stack([e for _, _, e in by_k], axis=1) if past_end is not None else None)
 
 
 def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, int] | None = None,
@@ -300,7 +308,9 @@ def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, i
         notes.append(f"{chosen}'s drafts have no recorded lengths (a run written before schema_version 3): a draft is "
                      "taken to end at the end of its turn, so the engine-counted draft tokens at a turn's last steps are "
                      "a lower bound")
-    accepted_len_by_k, draft_len_by_k = _by_k(plan, rows, spans, accepted_len, draft_len, requests_path)
+    past_end = rows.past_end_rows[rows.depth == 1] if rows.past_end_rows is not None else None  # one per anchor
+    accepted_len_by_k, draft_len_by_k, past_end_by_k = _by_k(plan, rows, spans, accepted_len, draft_len, past_end,
+                                                             requests_path)
     checked = Rows(
         session=rows.session, request=rows.request, pos=rows.pos, depth=rows.depth, segment=rows.segment,
         turn=spans.turn[span_index][anchor], accepted=rows.accepted, on_path=on_path, on_policy=rows.on_policy,
@@ -314,7 +324,7 @@ def load_run(path: str | Path, drafter: str | None = None, variant: tuple[str, i
                accepted_len=accepted_len, notes=tuple(notes), version=version, own_sampler=own, longest=longest,
                loop=loop, drafter=chosen, drafters=plan.drafters, target_ran=plan.target_ran,
                accepted_len_by_k=accepted_len_by_k, draft_len=draft_len, draft_len_by_k=draft_len_by_k,
-               precision=precision)
+               precision=precision, past_end=past_end, past_end_by_k=past_end_by_k)
 
 
 def _canonical_order(codes: np.ndarray, keys: tuple, path: Path, status: str, version: int, manifest: dict,
@@ -365,11 +375,13 @@ def _draft_lengths(draft_len_rows: np.ndarray | None, depth: np.ndarray, anchor:
 
 
 def _accepted_at(positions_path: Path, status: str, drafter: str, k: int, session_keys, spans: "Spans", sessions,
-                 requests_path: Path, with_draft_len: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """([A] the accepted length, [A] the draft length) at every anchor of the draft `drafter` made for K' = k (its
-    rows with draft_k = k, checked as the Kmax rows are), in the anchor order of the Kmax rows."""
+                 requests_path: Path, with_draft_len: bool = False, with_past_end: bool = False) -> tuple:
+    """([A] the accepted length, [A] the draft length, [A] accepted_past_end or None) at every anchor of the draft
+    `drafter` made for K' = k (its rows with draft_k = k, checked as the Kmax rows are), in the anchor order of the
+    Kmax rows."""
     table = read_dataset(positions_path, ["session_id", "request", "pos", "depth", "match", "accepted", "draft_token"]
-                         + (["draft_len"] if with_draft_len else []) + [PART], status, filter=_variant(drafter, k))
+                         + (["draft_len"] if with_draft_len else []) + (["accepted_past_end"] if with_past_end else [])
+                         + [PART], status, filter=_variant(drafter, k))
     codes, keys = _session_keys(table)
     index = {key: i for i, key in enumerate(session_keys)}
     unknown = [key for key in keys if key not in index]
@@ -388,7 +400,8 @@ def _accepted_at(positions_path: Path, status: str, drafter: str, k: int, sessio
                                          positions_path, requests_path)
     draft_len = _draft_lengths(col("draft_len")[order] if with_draft_len else None, depth[order], anchor,
                                col("draft_token")[order], k, positions_path)
-    return accepted_len, draft_len
+    past_end = col("accepted_past_end")[order][depth[order] == 1] if with_past_end else None
+    return accepted_len, draft_len, past_end
 
 
 def _chains(k: int, session, request, pos, depth, match, accepted, spans: "Spans", sessions,

@@ -147,7 +147,8 @@ def simulated_walks(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray | None
     """([N, K] steps, [N, K, K] step_accepted, [N, K, K] step_drafted or None) of the simulated decode of every span
     at draft length K = 1..Kmax (the draft made for K where run.accepted_len_by_k has one): step_accepted[n, K-1, k-1]
     counts the walk's steps that accept depth k, step_drafted[n, K-1, k-1] those whose draft holds at least k tokens
-    (both 0 for k > K), as vLLM counts them; step_drafted is None where every draft holds K (run.draft_len None)."""
+    (both 0 for k > K), as vLLM counts them (with the drafts it accepts past the end of a turn: run.past_end);
+    step_drafted is None where every draft holds K (run.draft_len None)."""
     span_len = run.spans.end - run.spans.start
     N, Kmax = len(span_len), run.k
     by_k = run.accepted_len_by_k
@@ -157,7 +158,8 @@ def simulated_walks(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray | None
     step_drafted = np.zeros((N, Kmax, Kmax), dtype=np.int64) if run.draft_len is not None else None
     for k in range(1, Kmax + 1):
         draft_len = None if step_drafted is None else (run.draft_len if lengths is None else lengths[:, k - 1])
-        walk = decode_walk(run.accepted_len if by_k is None else by_k[:, k - 1], span_len, k, draft_len)
+        past_end = run.past_end if run.past_end_by_k is None else run.past_end_by_k[:, k - 1]
+        walk = decode_walk(run.accepted_len if by_k is None else by_k[:, k - 1], span_len, k, draft_len, past_end)
         steps[:, k - 1] = walk.steps
         step_accepted[:, k - 1, :k] = walk.step_accepted
         if step_drafted is not None:

@@ -104,6 +104,7 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     rows = model.head.row_pass(hidden[P:-1], ids[P + 1 :].to(hidden.device), chunk_size=chunk_size,
                                prefix=carry.rows if carry else None)  # 2
     drafts = model.head.chain(rows, plan.anchors, plan.depths, confidence=confident)
+    head_past = _head_past_end_tokens(model.head, rows, plan, k_max)
     blocks = []
     if variants:
         from ..drafting.head_variants import variant_blocks
@@ -122,6 +123,7 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
         return reduce_logits(model.target.lm_head.weight, hidden, positions, tokens, actuals, tuple(profiles), turns=turns,
                              top_k_ties=model.top_k_ties, no_min_p=no_min_p)
 
+    past_end = _past_end_reader(model.target.lm_head.weight, hidden)
     # The what-if heads' rows (the Kmax plan's) ride in the same reduction as the served rows, after them.
     extra_tokens = [d.tokens.cpu()[a, k - 1] for d in other.values()]
     served_reduce, whatif_reductions = reduce_with(reduce, index.target_position, ids[index.actual_position], extra_tokens)
@@ -129,15 +131,42 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
         head_tokens, head_logprobs = _head_drafts(drafts, k_max)
         groups = drafters.draft(ids.numpy(), request.spans, keep=keep, mtp=head_tokens.numpy())
         columns, reductions = drafter_columns(ids, segments, request.spans, groups, head_logprobs, served_reduce,
-                                              extra=blocks, first_code=len(groups))  # 3, 4
+                                              blocks, len(groups), past_end, head_past)  # 3, 4
     else:
         reductions = served_reduce(index.target_position, drafts.tokens.cpu()[a, k - 1], ids[index.actual_position])  # 3
-        columns = request_rows(ids, segments, plan, index, drafts.tokens, drafts.logprobs, reductions, k_max)  # 4
+        columns = request_rows(ids, segments, plan, index, drafts.tokens, drafts.logprobs, reductions, k_max,
+                               past_end(plan, head_past, k_max))  # 4
         check_finite(columns)
     if whatifs is not None:
         columns = with_whatif_rows(columns, whatifs, drafts, other, whatif_reductions(), ids, segments, plan, index, k_max,
                                     drafters)
     return columns, _fit(reductions), following
+
+
+def _past_end_reader(lm_head: torch.Tensor, hidden: torch.Tensor):
+    """past_end(plan, tokens [A, K'], K') -> [A] int8 accepted_past_end (acceptance.py): the target's argmax after
+    each span's end-of-turn token (its row e of `hidden`, as reduce_logits's target_token) against the draft there."""
+    from ..drafting.acceptance import accepted_past_end, past_end_entries
+
+    def past_end(plan, tokens: torch.Tensor, kk: int) -> torch.Tensor:
+        past = past_end_entries(plan, tokens, kk)
+        rows = hidden[past.target_position.to(hidden.device)].to(lm_head.device)
+        argmax = torch.nn.functional.linear(rows, lm_head).float().argmax(-1)
+        return accepted_past_end(past, argmax, plan.anchors.shape[0])
+
+    return past_end
+
+
+def _head_past_end_tokens(head, rows, plan, k_max: int) -> torch.Tensor:
+    """[A, Kmax] the head's chain at every anchor whose draft reaches past the end of its turn (e - p < Kmax), run
+    on to depth e - p + 1 (the engine drafts K there too; acceptance.past_end_entries reads the token past x_e);
+    -1 elsewhere. A chain of its own over those few anchors, so the rows' drafts are the chain's as before."""
+    short = torch.nonzero(plan.depths < k_max, as_tuple=True)[0]
+    tokens = torch.full((plan.anchors.shape[0], k_max), -1, dtype=torch.long)
+    if short.numel():
+        longer = head.chain(rows, plan.anchors[short], plan.depths[short] + 1)
+        tokens[short, : longer.tokens.shape[1]] = longer.tokens.cpu().long()
+    return tokens
 
 
 def segment_codes(request, n: int):
@@ -169,7 +198,8 @@ def _fit(reductions) -> dict:
 
 
 def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, head_logprobs: torch.Tensor | None,
-                    reduce=None, extra=(), first_code: int = 0) -> tuple[dict, object]:
+                    reduce=None, extra=(), first_code: int = 0, past_end=None,
+                    head_past: torch.Tensor | None = None) -> tuple[dict, object]:
     """positions.parquet columns of every drafter's rows for one request, and the target's Reductions (None
     without a target).
 
@@ -182,6 +212,8 @@ def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, he
          a NO_TOKEN draft gathered at token 0 and masked after: target_logprob NaN, p_accept 0 (nothing
          proposed is nothing accepted) — -1 would silently index the last vocabulary entry
       3. the columns, with `drafter`, `draft_k` and `draft_len` (what vLLM counts as the step's draft tokens)
+    past_end(plan, tokens [A, K'], K') -> [A] int8 accepted_past_end (with the target; acceptance.py), read from the
+    drafter's own tokens, the head's from head_past [A, Kmax] (its chain run on past the end of the turn).
     extra: head_variants.Block's (trees, the stepwise layer rule): their entries reduced in the same call after the
     drafters' rows, their columns coded first_code, first_code + 1, ... (after the roster's drafters).
     """
@@ -220,7 +252,10 @@ def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, he
     for code, kk, plan, ix, tokens, logprobs in parts:  # 3
         R = ix.depth.shape[0]
         sub = rows_of(reductions, at, at + R) if reductions is not None else None
-        cols = request_rows(ids, segments, plan, ix, tokens, logprobs, sub, kk)
+        past = None
+        if past_end is not None and sub is not None:
+            past = past_end(plan, head_past if groups[code].name == "mtp" and head_past is not None else tokens, kk)
+        cols = request_rows(ids, segments, plan, ix, tokens, logprobs, sub, kk, past)
         cols["drafter"] = np.full(R, code, dtype=np.int8)
         cols["draft_k"] = np.full(R, kk, dtype=np.int8)
         # the tokens the anchor's draft holds, past the end of the turn too (a draft is a chain that stops)
@@ -242,6 +277,17 @@ def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, he
         check_finite(cols, head=cols["draft_token"] >= 0)
         out.append(cols)
         at += E
+    _fill_shared_columns(out, groups)
+    columns = {name: np.concatenate([c[name] for c in out]) for name in out[0]} if out else {}
+    return columns, reductions
+
+
+def _fill_shared_columns(out: list[dict], groups) -> None:
+    """The columns every row of a request carries once any drafter's rows have them (drafter_columns): the grammar's
+    (--grammar: the recorded token forced, the allowed-set size), the trees' node (null on other rows) and
+    accepted_past_end (0 on a tree's or layer rule's rows: nothing counted past the end)."""
+    import numpy as np
+
     grammar = next((g.grammar for g in groups if g.grammar is not None), None)
     if grammar is not None:  # --grammar: the recorded token forced, the allowed-set size; every row, whoever drafted
         for c in out:
@@ -254,8 +300,9 @@ def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, he
 
         for c in out:
             c.setdefault("tree_node", np.full(len(c["pos"]), NOT_A_TREE, dtype=np.int8))
-    columns = {name: np.concatenate([c[name] for c in out]) for name in out[0]} if out else {}
-    return columns, reductions
+    if any("accepted_past_end" in c for c in out):  # a tree's or layer rule's rows: nothing counted past the end
+        for c in out:
+            c.setdefault("accepted_past_end", np.zeros(len(c["pos"]), dtype=np.int8))
 
 
 def model_free_request(request, k_max: int, drafters, keep: int | None = None) -> tuple[dict, dict]:

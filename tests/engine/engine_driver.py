@@ -3,7 +3,9 @@
     <engine-python> engine_driver.py JOB.json OUT.json
 
 JOB: {"model": dir, "k": int, "method": "mtp" | "ngram" | ..., "speculative": {more speculative_config keys}?,
-      "seed": int, "prompts": [[token ids]], "max_model_len": int,
+      "seed": int, "prompts": [[token ids]], "max_model_len": int, "engine": {more vllm.LLM keyword arguments}?,
+      "exposition": bool? (each run also carries "metrics_text": the Prometheus text of vLLM's registry after it,
+      what /metrics would serve, counters cumulative over the process's runs),
       "runs": [{"name": str, "temperature": float, "top_p": float, "top_k": int, "max_tokens": int}]}
 OUT: {"vllm": version, "fixes": [...], "load_s": float,
       "runs": [{"name", "seconds", "outputs": [{"token_ids", "finish_reason"}], "counters": {...}}]}
@@ -51,7 +53,8 @@ def main(job_path: str, out_path: str) -> None:
     llm = LLM(model=job["model"], dtype="bfloat16", seed=job["seed"], max_model_len=job["max_model_len"],
               language_model_only=True, enable_prefix_caching=False, disable_log_stats=False,
               gpu_memory_utilization=job.get("memory_fraction", 0.1),  # on CPU: the fraction of RAM reserved
-              speculative_config={"method": job["method"], "num_speculative_tokens": k, **job.get("speculative", {})})
+              speculative_config={"method": job["method"], "num_speculative_tokens": k, **job.get("speculative", {})},
+              **job.get("engine", {}))
     load_s = time.time() - started
     prompts = [TokensPrompt(prompt_token_ids=p) for p in job["prompts"]]
     runs = []
@@ -65,6 +68,9 @@ def main(job_path: str, out_path: str) -> None:
         runs.append({"name": run["name"], "seconds": seconds, "counters": minus(counters(llm, k), before),
                      "outputs": [{"token_ids": list(o.outputs[0].token_ids), "finish_reason": o.outputs[0].finish_reason}
                                  for o in outs]})
+        if job.get("exposition"):
+            import prometheus_client
+            runs[-1]["metrics_text"] = prometheus_client.generate_latest(prometheus_client.REGISTRY).decode()
     try:
         from mtp_observe_vllm_fixes import selected
         fixes = list(selected())
