@@ -256,7 +256,7 @@ def test_dry_run_prints_the_estimate_and_writes_nothing(tiny_checkpoint, tmp_pat
     work = tmp_path / "work"
     work.mkdir()
     run = run_cli("replay", sessions, "--model", tiny_checkpoint, "--device", "cpu", "--dry-run", "--head-precision",
-                  "q4_k", "--draft-p-min", "0.3,0.5", "--tree", "2,2,3", cwd=work)
+                  "q4_k", "--draft-p-min", "0.3,0.5", "--tree", "2,2,3", "--grammar", "tools", cwd=work)
     assert run.returncode == 0, run.stderr
     (line,) = [ln for ln in run.stdout.splitlines() if ln.startswith("estimate: ")]
     assert re.search(r"tokens to prefill \(\+[\d.,kM]+ reused from shared prefixes\), [\d,]+ anchors to draft \(K <= 4\), "
@@ -264,8 +264,9 @@ def test_dry_run_prints_the_estimate_and_writes_nothing(tiny_checkpoint, tmp_pat
     # the breakdown (estimate_terms.py): the base replay and one line per term the options add, none wrapped at 100 columns
     breakdown = run.stdout.splitlines()[run.stdout.splitlines().index(line) + 1:]
     assert [ln.split(":")[0] for ln in breakdown] == ["  base replay", "  + what-if head q4_k", "  + thresholds 0.3,0.5",
-                                                      "  + tree 2,2,3"], breakdown
+                                                      "  + tree 2,2,3", "  + grammar tools"], breakdown
     assert "shared by all 2, over 2 chains" in breakdown[2] and "2,2,3: 6 drafted + 2 verified" in breakdown[3]
+    assert "xgrammar per tool-call token (1 drafter's drafts), a compile per session" in breakdown[4]
     assert all(len(ln) <= 100 for ln in breakdown)
     assert run.stderr == "" and list(work.iterdir()) == []  # no reports/, no run directory
     out = tmp_path / "own.jsonl"

@@ -97,3 +97,45 @@ def test_calibrated_on_the_model_seven_precisions_cost_well_above_the_base_and_a
     assert sum(term_seconds(t, whatifs.work, whatifs.rates) > 0 for t in whatifs.rates.terms[:7]) >= 6
     tree = replay_estimate([sessions], tiny_checkpoint, ReplayOptions(device="cpu", trees=(parse_tree("3,4,8"),)))
     assert tree.work == whatifs.work and tree.point_s > replay_seconds(tree.work, tree.rates, terms=False)
+
+
+def test_the_grammar_is_priced_per_tool_call_token_and_one_compile_per_session():
+    """--grammar tools: xgrammar's scan per scored tool-call token (with every drafter's drafts checked there) and a
+    compile of the session's tools once per session; nothing per draft row or per prefilled token."""
+    grammar = Term("grammar tools", "xgrammar over each tool-call token", row_s=2e-4, per="tool_call", session_s=0.05)
+    work = ReplayWork(**{**WORK.__dict__, "tool_call_tokens": 1_200})
+    rates = _rates(grammar)
+    assert term_seconds(grammar, work, rates) == pytest.approx(1_200 * 2e-4 + 7 * 0.05)
+    more = ReplayWork(**{**work.__dict__, "tool_call_tokens": 2_400, "drafts": 3 * WORK.drafts, "prefill": 5 * WORK.prefill})
+    assert term_seconds(grammar, more, rates) == pytest.approx(2_400 * 2e-4 + 7 * 0.05)
+    assert term_seconds(grammar, WORK, rates) == pytest.approx(7 * 0.05)  # no tool call: its compiles alone
+
+
+def test_the_work_counts_the_scored_tool_call_tokens_the_grammar_scans():
+    from mtp_observe.run.estimate import replay_work
+    from mtp_observe.sessions.rendering import END, TEXT, TOOL_CALL, RenderedSession, Request, Span
+
+    segments = bytes([TEXT] * 4 + [TOOL_CALL] * 9 + [END])
+    req = Request(0, list(range(40)), (Span(20, 33, 1, segments), Span(36, 38, 3, bytes([TEXT, TEXT, END]))))
+    work = replay_work(RenderedSession(None, (req,)), 4, 2048, 2)
+    assert work.tool_call_tokens == 9 and work.sessions == 1
+
+
+def test_on_the_bundled_tokenizer_the_grammar_costs_a_positive_time_per_token_and_per_compile(tiny_model):
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    import mtp_observe
+    from mtp_observe.run.estimate_terms import GRAMMAR_CALL, extra_terms, grammar_seconds
+    from mtp_observe.run.options import ReplayOptions
+
+    tok = AutoTokenizer.from_pretrained(Path(mtp_observe.__file__).parent / "default_model")
+    renderer = SimpleNamespace(tokenizer=tok, vocab_size=None, eos_ids={tok.convert_tokens_to_ids("<|im_end|>")})
+    per_token, per_session = grammar_seconds(renderer, 4, 2)
+    assert 0 < per_token < 0.05 and 0 < per_session < 30
+    assert len(tok.encode(GRAMMAR_CALL, add_special_tokens=False)) > 20  # a call of many tokens, not one
+    (spec,) = extra_terms(ReplayOptions(drafters=("mtp", "grammar+mtp"), grammar="tools"), tiny_model, renderer)
+    assert spec.name == "grammar tools" and spec.per == "tool_call" and "(2 drafters' drafts)" in spec.what
+    assert extra_terms(ReplayOptions(grammar="tools"), tiny_model) == []  # no renderer (a caller without one): no term

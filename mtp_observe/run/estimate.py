@@ -75,6 +75,7 @@ class ReplayWork:
     head_pairs: int = 0  # query-key pairs of the head's row pass and chain, per head
     anchor_positions: int = 0  # the anchors' positions summed: a tree's draft queries attend to that many rows
     done_tokens: int = 0  # tokens of sessions a resumed run finished before (not replayed again)
+    tool_call_tokens: int = 0  # scored tokens in tool-call segments: what --grammar tools scans (estimate_terms)
 
     __add__ = _add
 
@@ -142,6 +143,7 @@ def request_works(rendered, k: int, chunk_size: int, num_heads: int) -> list[Rep
     """One rendered session's work, request by request as pipeline.replay_session runs them: each request
     starts from the state after the prefix it shares with the one before (`keep_at` of that one, when it is at
     least 2 tokens and leaves a token to compute), and the head's rows before that prefix are reused."""
+    from ..sessions.rendering import TOOL_CALL
     from .requests import shared_prefix
 
     requests = rendered.requests
@@ -164,7 +166,7 @@ def request_works(rendered, k: int, chunk_size: int, num_heads: int) -> list[Rep
                 depths.append(min(k, sp.end - p))
         out.append(ReplayWork(
             requests=1, tokens=n, prefill=n - start, reused=start, anchors=len(anchors), drafts=sum(depths),
-            anchor_positions=sum(anchors),
+            anchor_positions=sum(anchors), tool_call_tokens=sum(sp.segments.count(TOOL_CALL) for sp in request.spans),
             target_pairs=chunk_pairs(prefill_chunks(start, n, chunk_size, keep_at)),
             head_pairs=chunk_pairs(prefill_chunks(rows_from, n - 1, chunk_size)) + chain_pairs(anchors, depths, k, num_heads)))
         carry = keep_at or 0
@@ -382,8 +384,10 @@ def _calibrate_replay(model, k: int, profiles, chunk_size: int, drafters=None, t
     draft_s = max(t_c - t_b, 0.0) / max(w_c.drafts - w_b.drafts, 1)
     priced = []
     for spec in terms:  # each term against the base timed beside it (the same minute of a busy machine)
-        if spec.direct is not None:
-            priced.append(Term(spec.name, spec.what, row_s=spec.direct(), per=spec.per, scale=spec.scale))
+        if spec.direct is not None:  # seconds per row, or (per row, per session)
+            got = spec.direct()
+            row_s, session_s = got if isinstance(got, tuple) else (got, 0.0)
+            priced.append(Term(spec.name, spec.what, row_s=row_s, per=spec.per, scale=spec.scale, session_s=session_s))
             continue
         run(32, 2, spec=spec)  # warm-up: a what-if head's or a tree's first call allocates
         timed = {}

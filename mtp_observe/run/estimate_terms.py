@@ -22,6 +22,10 @@ What each term costs, and in what unit (requests.replay_request runs them):
                      kept nodes verified by the target's reduction: per anchor, and the draft forwards' attention
                      pairs against the rows before their anchor ((S-1)·TOPK queries per anchor).
     stepwise rule    a head of several MTP layers: layer i at step i, its own rows per layer and its chain.
+    grammar          --grammar tools: xgrammar's matcher over every scored tool-call token (a bitmask filled, the
+                     allowed set counted, every drafter's drafts that land there checked), timed directly on a call
+                     tokenized by the target's tokenizer (grammar_seconds): per tool-call token, and one compile
+                     of the tools' grammar per session (a session's tool set; the compile cache only lowers it).
 """
 
 from __future__ import annotations
@@ -37,11 +41,13 @@ class TermSpec:
     name: str  # the breakdown's label: "what-if head q4_k", "thresholds 0.3,0.5,0.8", "tree 3,4,8"
     what: str  # the work in words, for the breakdown: "its own row pass and chain"
     kwargs: Callable  # () -> replay_request keyword arguments that switch the term on (fresh each call)
-    per: str = "draft"  # its row cost is per "draft" row (the base's K rows per anchor) or per "anchor"
+    per: str = "draft"  # its row cost is per "draft" row (the base's K rows per anchor), per "anchor" or per
+    #                     "tool_call" token (ReplayWork.tool_call_tokens)
     head_pairs: int = 0  # the head's attention pairs it repeats (a what-if head: 1)
     tree_queries: int = 0  # draft queries per anchor that attend to the rows before it (a tree: (S-1)·TOPK)
     scale: int = 1  # copies of the timed work the run does (thresholds: one confidence per chain)
-    direct: Callable | None = None  # () -> seconds per row, timed on its own (a cost too small to show as a difference)
+    direct: Callable | None = None  # () -> seconds per row, or (per row, per session), timed on its own (a cost too
+    #                                  small to show as a difference, or outside replay_request: the grammar)
 
 
 @dataclass(frozen=True)
@@ -57,14 +63,15 @@ class Term:
     head_pairs: int = 0
     tree_queries: int = 0
     scale: int = 1
+    session_s: float = 0.0  # per session (the grammar's compile)
 
 
 def term_seconds(term: Term, work, rates) -> float:
     """The priced work of one term over a ReplayWork (rates: the base's estimate.Rates, for its pair price)."""
-    rows = work.drafts if term.per == "draft" else work.anchors
+    rows = {"draft": work.drafts, "anchor": work.anchors, "tool_call": work.tool_call_tokens}[term.per]
     pairs = term.head_pairs * work.head_pairs + term.tree_queries * work.anchor_positions
     return term.scale * (work.requests * term.call_s + work.prefill * term.token_s + rows * term.row_s
-                         + pairs * rates.heads * rates.pair_s)
+                         + pairs * rates.heads * rates.pair_s + work.sessions * term.session_s)
 
 
 def term_pairs(spec: TermSpec, work) -> int:
@@ -89,11 +96,11 @@ def calibrate_term(spec: TermSpec, timings: dict) -> Term:
     return Term(spec.name, spec.what, 0.0, token_s, row_s, spec.per, spec.head_pairs, spec.tree_queries, spec.scale)
 
 
-def extra_terms(opts, model) -> list[TermSpec]:
+def extra_terms(opts, model, renderer=None) -> list[TermSpec]:
     """The terms a replay with these options runs beside the base replay (options.ReplayOptions, the loaded model):
     the one place a new term is added. Each kwargs() builds what the run builds (whatif_heads.head_whatifs'
     heads, head_variants' trees, a fresh roster of the run's drafters, whose suffix tree must not learn the
-    calibration's tokens)."""
+    calibration's tokens); renderer: the run's (its tokenizer), for the grammar's term."""
     from ..drafting.head_variants import Variants
     from ..drafting.whatif_heads import HeadWhatIfs, head_whatifs
     from .options import ReplayOptions, drafter_roster, head_variants
@@ -128,7 +135,49 @@ def extra_terms(opts, model) -> list[TermSpec]:
     if variants.stepwise:
         specs.append(TermSpec("stepwise layer rule", f"layer i at step i, {variants.stepwise} layers' rows",
                               lambda: {"drafters": drafter_roster(opts), "variants": Variants(stepwise=variants.stepwise)}))
+    if opts.grammar is not None and renderer is not None:
+        groups = len(opts.drafters)
+        specs.append(TermSpec(f"grammar {opts.grammar}", f"xgrammar per tool-call token ({groups} "
+                              f"{'drafters' if groups > 1 else 'drafter'}{chr(39)}{'' if groups > 1 else 's'} drafts), "
+                              "a compile per session", lambda: {},
+                              per="tool_call", direct=lambda: grammar_seconds(renderer, opts.k, groups)))
     return specs
+
+
+GRAMMAR_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"]}}}
+GRAMMAR_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n"
+                "</parameter>\n</function>\n</tool_call>")
+
+
+def grammar_seconds(renderer, k: int, groups: int) -> tuple[float, float]:
+    """(seconds per tool-call token, seconds per session) of --grammar tools on this tokenizer: GRAMMAR_CALL (the
+    qwen_3_5 form) scanned with `groups` drafters' K drafts at every anchor (each the recorded continuation: on the
+    grammar's path, so every one is checked), the best of three; and a compile of GRAMMAR_TOOL's grammar."""
+    import time
+
+    import numpy as np
+
+    from ..drafting.grammar import ToolGrammar, tokenizer_info
+
+    tok = renderer.tokenizer
+    eos = sorted(renderer.eos_ids)
+    tokens = np.array(tok.encode(GRAMMAR_CALL, add_special_tokens=False) + eos[:1], dtype=np.int64)
+    grammar = ToolGrammar(tokenizer_info(tok, renderer.vocab_size or len(tok), eos))
+    t0 = time.perf_counter()
+    compiled = grammar.compiled([GRAMMAR_TOOL], "qwen_3_5")
+    compile_s = time.perf_counter() - t0
+    n = len(tokens)
+    anchors = np.arange(n - 1)
+    ahead = anchors[:, None] + np.arange(1, k + 1)[None, :]
+    drafts = np.where(ahead < n, tokens[np.minimum(ahead, n - 1)], -1)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        grammar.scan(compiled, tokens, 0, n - 1, [drafts] * groups, anchors)
+        best = min(best, time.perf_counter() - t0)
+    return best / n, compile_s
 
 
 CONFIDENCE_ROWS = 512  # draft rows whose confidence confidence_row_seconds times

@@ -311,7 +311,8 @@ def _estimate(inputs: Inputs, opts: ReplayOptions, model: LoadedModel | None, re
     drafters = drafter_roster(opts) if tuple(roster.names) != ("mtp",) else None
     profiles = tuple(opts.profiles) + (fallback.renamed(RECORDED),)
     try:
-        rates = calibrate_replay(model, opts.k, profiles, opts.chunk_size, drafters, extra_terms(opts, model))
+        rates = calibrate_replay(model, opts.k, profiles, opts.chunk_size, drafters,
+                                 extra_terms(opts, model, renderer))
     except NonFiniteOutput:  # the replay itself says so, naming the session and the fix
         return Estimate(work, k=opts.k, why_no_time="no time estimate (the model's outputs are not finite)")
     return Estimate(work, rates, k=opts.k)
