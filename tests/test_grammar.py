@@ -195,7 +195,7 @@ def test_a_model_free_replay_with_the_grammar_flags_a_call_to_an_unknown_tool_an
     assert code == 0, err
     manifest = json.loads((out / "run.json").read_text())
     tally = manifest["grammar_tally"]
-    assert manifest["grammar"] == "tools" and manifest["schema_version"] == 5
+    assert manifest["grammar"] == "tools" and manifest["schema_version"] == 6
     assert tally["violations"] == 1 and [f["session_id"] for f in tally["flagged"]] == ["broken"]
     turn = bad["messages"].index(calls[0])
     assert tally["flagged"][0]["turn"] == turn
@@ -244,6 +244,11 @@ def test_grammar_drafters_rows_are_the_forced_run_and_the_forced_run_then_the_he
     assert len(drafted) > 0
     # the grammar drafter drafts only forced tokens, which are the recorded ones: every one accepted
     assert drafted.forced.all() and (drafted.draft_token == drafted.actual_token).all() and drafted.accepted.all()
+    # sampled acceptance under the mask: a forced token is the one the renormalised distribution holds (probability
+    # 1 under every profile); a draft the grammar refuses accepts with probability 0
+    sampled = [c for c in t.columns if c.startswith("p_accept_")]
+    assert sampled and (drafted[sampled] > 1 - 1e-5).all().all()
+    assert (t.loc[~t.draft_allowed, sampled] == 0).all().all()
     # grammar+mtp: the forced run f, then the head's draft at anchor p + f
     f = (g.draft_token >= 0).groupby(level=[0, 1]).sum()
     checked = 0

@@ -83,7 +83,7 @@ def test_a_replay_of_a_multi_layer_head_writes_both_rules_and_the_report_shows_t
     sessions = write_sessions(tmp_path / "s.jsonl", [SESSION])
     run = replay([sessions], three_layers, tmp_path / "run", ReplayOptions(k=4, device="cpu"))
     manifest = json.loads((run / "run.json").read_text())
-    assert manifest["schema_version"] == 5 and manifest["trees"] == []
+    assert manifest["schema_version"] == 6 and manifest["trees"] == []
     assert [(r["rule"], r["drafter"], r["k"]) for r in manifest["layer_rules"]] == [
         ("layer0", "mtp", None), ("stepwise", STEPWISE, 3)]
     rows = pd.read_parquet(run / "positions.parquet")

@@ -340,7 +340,7 @@ def test_replay_records_the_reading_and_a_resume_under_another_is_refused(make_c
                                   "--out", run)
     assert code == 0, err
     manifest = json.loads((run / "run.json").read_text())
-    assert manifest["schema_version"] == 5
+    assert manifest["schema_version"] == 6
     assert manifest["head_reading"] == {"engine": "sglang", "engine_version": "0.5.23", "zero_position_0_embedding": False,
                                         "fed_back_state": "post_norm", "nextn_mlp": "moe"}
     assert manifest["model"]["head_copies"] == {"embed_tokens.weight": "equal", "shared_head.head.weight": "equal"}

@@ -177,7 +177,7 @@ def test_the_files_have_exactly_the_contract_columns_and_types(tiny_checkpoint, 
     assert df.equals(df.sort_values(["request", "pos", "depth"], kind="stable").sort_index())  # within a session
     assert list(dict.fromkeys(df.session_id)) == ["demo", "two"]  # input order
     manifest = json.loads((run / "run.json").read_text())
-    assert manifest["schema_version"] == SCHEMA_VERSION == 5 and manifest["status"] == "complete"
+    assert manifest["schema_version"] == SCHEMA_VERSION == 6 and manifest["status"] == "complete"
     assert (manifest["trees"], manifest["layer_rules"]) == ([], [])  # version 3: no --tree, a one-layer head
     for key in ("tool", "created", "finished", "model", "tokenizer_sha256", "k", "dtype", "device", "sampling",
                 "recorded_with", "inputs", "options", "counts", "versions", "errors", "rendering", "trees", "layer_rules"):

@@ -190,7 +190,7 @@ def test_anchors_where_a_tree_accepts_fewer_than_the_chain_are_counted_and_expla
 def test_the_report_json_and_tables_carry_every_tree_beside_the_chain(ten_sessions):
     reading = read_and_summarize(ten_sessions, replicates=100)
     doc = report_json(reading.report)
-    assert doc["report_version"] == 3 and doc["run"]["schema_version"] == 5
+    assert doc["report_version"] == 3 and doc["run"]["schema_version"] == 6
     assert [t["name"] for t in doc["trees"]] == [f"tree:{x}" for x in TREES]
     for t, spec in zip(doc["trees"], TREES):
         S, K, T = map(int, spec.split(","))

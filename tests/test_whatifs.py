@@ -261,7 +261,7 @@ def test_a_version_2_run_reads_as_it_did_and_lacks_only_the_what_ifs(runs, tmp_p
 
     old = Path(shutil.copytree(runs["plain"], tmp_path / "v2"))
     manifest = json.loads((old / "run.json").read_text())
-    assert manifest["schema_version"] == 5 and manifest["whatifs"] is None
+    assert manifest["schema_version"] == 6 and manifest["whatifs"] is None
     del manifest["whatifs"], manifest["model"]["head_precisions"]
     (old / "run.json").write_text(json.dumps(manifest | {"schema_version": 2}))
     a = _run_as(report_json(read_and_summarize(old, replicates=100, seed=0).report), old)

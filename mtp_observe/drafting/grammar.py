@@ -7,6 +7,7 @@ through a GrammarMatcher over the recorded ids and says, for every position i of
 
     Scan.allowed       [L] int32   the allowed-set size for x_{start+i} given x_start..x_{start+i-1} (L = end-start+1)
     Scan.forced_token  [L] int32   the one allowed token where the set has size 1 (forced), else -1
+    Scan.masks         [L, W] int32 the packed allowed set (xgrammar's bitmask row, W = ceil(V/32)) for x_{start+i}
     Scan.violation     int | None  the first position whose recorded token the grammar refuses (the call breaks
                                    its schema or the format): the turn is then scored without the mask
     Scan.draft_allowed [G] of [A_g, K] bool  for each drafter's drafts (anchor p, depth k): d_k is allowed given
@@ -30,7 +31,7 @@ Nothing here imports torch's model stack; xgrammar is imported on first use (the
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -93,6 +94,7 @@ class Scan:
     end: int
     allowed: np.ndarray  # [L] int32
     forced_token: np.ndarray  # [L] int32, -1 where not forced
+    masks: np.ndarray  # [L, W] int32 packed allowed sets
     violation: int | None
     draft_allowed: list  # [G] of [A_g, K] bool
 
@@ -162,6 +164,7 @@ def _scan(xgr, compiled, vocab: int, tokens: np.ndarray, start: int, end: int, d
     matcher = xgr.GrammarMatcher(compiled, max_rollback_tokens=max(K, 1))
     bitmask = xgr.allocate_token_bitmask(1, vocab)
     row = bitmask[0].numpy()
+    masks = np.zeros((L, row.shape[0]), dtype=np.int32)
     # the rows whose depth k lands in the region (p + k >= start), by the position they predict
     landing = []  # per drafter: (anchor index [R], depth index [R], predicted position [R])
     for d in drafts:
@@ -173,7 +176,7 @@ def _scan(xgr, compiled, vocab: int, tokens: np.ndarray, start: int, end: int, d
     violation = None
     for i in range(L):
         matcher.fill_next_token_bitmask(bitmask)
-        mask = row.copy()
+        mask = masks[i] = row
         allowed[i], forced[i] = _count(mask, vocab)
         at = start + i
         for g, (a_idx, k_idx, pos) in enumerate(landing):
@@ -198,7 +201,7 @@ def _scan(xgr, compiled, vocab: int, tokens: np.ndarray, start: int, end: int, d
         forced[:] = -1
         out = [np.ones(d.shape, dtype=bool) for d in drafts]
     out = [np.cumprod(o, axis=1).astype(bool) for o in out]  # a forbidden draft ends the chain
-    return Scan(start, end, allowed, forced, violation, out)
+    return Scan(start, end, allowed, forced, masks, violation, out)
 
 
 def _on_path(d: np.ndarray, tokens: np.ndarray, anchors: np.ndarray) -> np.ndarray:
@@ -256,6 +259,9 @@ class RequestGrammar:
     draft_allowed: list  # [G] of [A, K] bool, the drafts given in order
     regions: int  # tool-call regions scanned
     violations: tuple  # (turn, position) of each region whose recorded call the grammar refuses
+    mask_positions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # [M] ascending: the positions i whose x_i the grammar
+    #                       constrained (the regions of calls that keep their schema)
+    masks: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int32))  # [M, W] the packed allowed set for x_i at each of them  # (turn, position) of each region whose recorded call the grammar refuses
 
     @property
     def forced(self) -> np.ndarray:
@@ -306,7 +312,7 @@ class GrammarContext:
         allowed = np.zeros(n, dtype=np.int32)
         forced = np.full(n, -1, dtype=np.int32)
         verdicts = [np.ones(d.shape, dtype=bool) for d in drafts]
-        regions, violations = 0, []
+        regions, violations, mask_positions, masks = 0, [], [], []
         for sp in spans if self.tool_grammar is not None else ():  # no session begun (an estimate's calibration): none
             codes = np.frombuffer(sp.segments, dtype=np.int8)
             where = np.flatnonzero(codes == TOOL_CALL)
@@ -336,10 +342,15 @@ class GrammarContext:
                 continue
             allowed[start:sp.end + 1] = scan.allowed
             forced[start:sp.end + 1] = scan.forced_token
+            mask_positions.append(np.arange(start, sp.end + 1, dtype=np.int64))
+            masks.append(scan.masks)
             self.tally["forced_tokens"] += int((scan.forced_token[:-1] >= 0).sum())
             verdicts = [v & s for v, s in zip(verdicts, scan.draft_allowed)]
         self.request += 1
-        return RequestGrammar(allowed, forced, verdicts, regions, tuple(violations))
+        if not masks:
+            return RequestGrammar(allowed, forced, verdicts, regions, tuple(violations))
+        return RequestGrammar(allowed, forced, verdicts, regions, tuple(violations), np.concatenate(mask_positions),
+                              np.concatenate(masks))
 
 
 def _region_start(tokenizer, tokens: np.ndarray, first: int, span_start: int) -> int:

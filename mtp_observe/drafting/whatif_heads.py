@@ -58,12 +58,12 @@ def reduce_with(reduce, positions: torch.Tensor, actuals: torch.Tensor, extra_to
 
     held = {}
 
-    def served(p, t, x, no_min_p=None):
+    def served(p, t, x, no_min_p=None, **grammar):  # grammar: reduce_logits' grammar_masks (replay --grammar)
         n = p.shape[0]
         if no_min_p is not None:  # the what-if heads' rows are the head's: V2, min-p applies
             no_min_p = torch.cat([no_min_p, torch.zeros(positions.shape[0] * len(extra_tokens), dtype=torch.bool)])
         r = reduce(torch.cat([p] + [positions] * len(extra_tokens)), torch.cat([t] + extra_tokens),
-                   torch.cat([x] + [actuals] * len(extra_tokens)), no_min_p=no_min_p)
+                   torch.cat([x] + [actuals] * len(extra_tokens)), no_min_p=no_min_p, **grammar)
         R = positions.shape[0]
         held["extra"] = [rows_of(r, n + i * R, n + (i + 1) * R) for i in range(len(extra_tokens))]
         head = rows_of(r, 0, n)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -442,6 +443,7 @@ def reduce_logits(
     turns: Turns | None = None,
     top_k_ties: str = "all",
     no_min_p: Tensor | None = None,
+    grammar_masks: tuple[Tensor, Tensor] | None = None,
 ) -> Reductions:
     """Apply the lm_head at the positions rows need, in chunks, keeping reductions and nothing vocabulary-sized.
 
@@ -453,6 +455,8 @@ def reduce_logits(
     are the recorded tokens, which is what the penalties of a step count). top_k_ties: the top-k rule
     (sampler_distribution's ties); no_min_p: [R] bool, rows whose p_accept is scored as V1's rejection sampler scores
     a draft position, without min-p (the fit sums, the sampler that emitted the recorded tokens, keep it).
+    grammar_masks: (positions [M] ascending, packed allowed sets [M, W] int32) of the tokens --grammar constrains:
+    p_accept of a row predicting one is masked (_score_masked); every other output stays unmasked.
     """
     device = lm_head.device  # under a device map, the last device; the hidden rows are moved to it
     R = positions.shape[0]
@@ -509,6 +513,8 @@ def reduce_logits(
                                   no_min_p)
                     if turns is not None:
                         _add_fit_sums(fit[p.name], spans_here, dist, every, next_token)
+                if grammar_masks is not None:  # replay --grammar: p_accept under the mask
+                    _score_masked(out_p, sel, local, drafts, logits, here, grammar_masks, penalties, members, top_k_ties, no_min_p)
         out_target[sel], out_actual[sel] = _log_probs(logits, token, local, drafts[sel], actuals[sel])
         del logits
     _share_results(profiles, sharing.distinct, out_p, fit if turns is not None else None)
@@ -581,6 +587,52 @@ def _score(out: Tensor, sel: Tensor, local: Tensor, drafts: Tensor, logits: Tens
                                     ranked, top_k_ties)
             out[sel] = torch.where(plain, without.at(local, drafts[sel]), out[sel])
     return dist
+
+
+def allowed_sets(grammar_masks: tuple[Tensor, Tensor], predicted: Tensor, V: int) -> Tensor | None:
+    """[c, V] bool: the allowed set for the token at each of `predicted` [c] (True everywhere where no mask applies);
+    None when none does. Bit j of word w is token 32 w + j (xgrammar's packed bitmask)."""
+    positions, bits = grammar_masks
+    positions = positions.to(predicted.device)
+    if positions.numel() == 0:
+        return None
+    at = torch.searchsorted(positions, predicted).clamp(max=positions.numel() - 1)
+    has = positions[at] == predicted
+    if not bool(has.any()):
+        return None
+    assert sys.byteorder == "little", "the packed bitmask is read byte by byte, little-endian"
+    octets = bits.to(predicted.device)[at].contiguous().view(torch.uint8)  # [c, 4 W]: token 8 b + j is bit j of byte b
+    shifts = torch.arange(8, dtype=torch.uint8, device=predicted.device)
+    allowed = ((octets[:, :, None] >> shifts) & 1).bool().reshape(octets.shape[0], -1)[:, :V]
+    if allowed.shape[1] < V:  # ids past the grammar's vocabulary: never allowed
+        allowed = F.pad(allowed, (0, V - allowed.shape[1]), value=False)
+    return allowed | ~has[:, None]
+
+
+def _score_masked(out_p: dict, sel: Tensor, local: Tensor, drafts: Tensor, logits: Tensor, here: Tensor,
+                  grammar_masks: tuple[Tensor, Tensor], penalties: tuple, members: list, top_k_ties: str,
+                  no_min_p: Tensor | None) -> None:
+    """Overwrite p_accept of the chunk's rows that predict a grammar-constrained token with the profile's
+    distribution over the (penalised) logits with the disallowed tokens at -inf: the distribution renormalised over
+    the allowed set, a forbidden draft 0. vLLM 0.32 does the same: gpu_model_runner.py applies
+    `apply_grammar_bitmask` (v1/structured_output/utils.py, xgrammar's apply_token_bitmask_inplace: -inf where the
+    bit is 0) to the logits of every draft position before `_sample`, and the rejection sampler
+    (v1/sample/rejection_sampler.py forward) takes those logits through its processors, temperature, top-k/top-p.
+    The -inf logits stay -inf under every penalty, so the order of mask and penalties does not matter."""
+    allowed = allowed_sets(grammar_masks, here + 1, logits.shape[-1])
+    if allowed is None:
+        return
+    rows = allowed[local].logical_not().any(-1)  # the rows whose position has a mask that refuses some token
+    if not bool(rows.any()):
+        return
+    masked = logits.masked_fill(~allowed, float("-inf"))  # already penalised: rank it as plain logits
+    token = masked.argmax(-1)
+    for p in members:
+        scratch = torch.empty(sel.shape[0], dtype=torch.float32, device=logits.device)
+        at = torch.arange(sel.shape[0], device=logits.device)
+        _score(scratch, at, local, drafts[sel], masked, token, p, NO_PENALTIES if p.is_greedy else penalties, None,
+               top_k_ties, no_min_p[sel.to(no_min_p.device)] if no_min_p is not None else None)
+        out_p[p.name][sel[rows]] = scratch[rows]
 
 
 def _log_probs(logits: Tensor, token: Tensor, local: Tensor, drafts: Tensor, actuals: Tensor) -> tuple[Tensor, Tensor]:

@@ -12,8 +12,10 @@ Contract: `grammar_summary(run_dir)` -> None for a run without --grammar, else a
     tally               run.json grammar_tally less `flagged`; violations: calls that break their schema (scored
                         without the mask), flagged: the first of them (session, request, turn, position)
 
-`grammar_line(summary)` is the plain report's line: labelled a what-if — the verdict is computed as for any run
-(with greedy acceptance a recorded token is always allowed, so the mask changes no accepted row of a call that
+`grammar_line(summary)` is the plain report's line: labelled a what-if — the verdict is computed as for any run; in a
+run of schema_version 6 or later that run is the masked one (its p_accept_<profile> on tool-call rows is the sampler's
+distribution renormalised over the allowed set, model/target.py reduce_logits' grammar_masks), so the verdict's sampled
+numbers are those under the mask (with greedy acceptance a recorded token is always allowed, so the mask changes no accepted row of a call that
 keeps its schema: alpha_k of mtp and mtp_masked agree, which the line says).
 """
 

@@ -119,9 +119,9 @@ def replay_request(model: LoadedModel, request, k_max: int, profiles, chunk_size
     turns = Turns(ids, torch.tensor([sp.start for sp in request.spans], dtype=torch.long),
                   torch.tensor([sp.end for sp in request.spans], dtype=torch.long))
 
-    def reduce(positions, tokens, actuals, no_min_p=None):
+    def reduce(positions, tokens, actuals, no_min_p=None, grammar_masks=None):
         return reduce_logits(model.target.lm_head.weight, hidden, positions, tokens, actuals, tuple(profiles), turns=turns,
-                             top_k_ties=model.top_k_ties, no_min_p=no_min_p)
+                             top_k_ties=model.top_k_ties, no_min_p=no_min_p, grammar_masks=grammar_masks)
 
     past_end = _past_end_reader(model.target.lm_head.weight, hidden)
     # The what-if heads' rows (the Kmax plan's) ride in the same reduction as the served rows, after them.
@@ -197,6 +197,25 @@ def _fit(reductions) -> dict:
     return fit
 
 
+def _grammar_masks(groups) -> dict:
+    """reduce's grammar_masks keyword under --grammar (the request's constrained positions and their packed allowed
+    sets, drafting/grammar.py RequestGrammar), {} without a grammar or with nothing it constrains."""
+    grammar = next((g.grammar for g in groups if g.grammar is not None), None)
+    if grammar is None or not len(grammar.mask_positions):
+        return {}
+    return {"grammar_masks": (torch.from_numpy(grammar.mask_positions), torch.from_numpy(grammar.masks))}
+
+
+def _refused_never_accepted(cols: dict) -> None:
+    """A draft the grammar refuses (draft_allowed false: itself, or an earlier draft of its chain) is never accepted
+    by a sampler under the mask: its p_accept_<profile> is 0 (the masked distribution already gives it 0 on the
+    recorded path; off it, an earlier refused draft ended the chain)."""
+    import numpy as np
+
+    for name in [n for n in cols if n.startswith("p_accept_")]:
+        cols[name] = np.where(cols["draft_allowed"], cols[name], 0).astype(cols[name].dtype)
+
+
 def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, head_logprobs: torch.Tensor | None,
                     reduce=None, extra=(), first_code: int = 0, past_end=None,
                     head_past: torch.Tensor | None = None) -> tuple[dict, object]:
@@ -243,7 +262,8 @@ def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, he
         v1 = torch.cat([torch.full((ix.depth.shape[0],), groups[code].runner == "v1") for code, _, _, ix, _, _ in parts]
                        + [torch.zeros(b.positions.shape[0], dtype=torch.bool) for b in extra])  # the head's variants: V2
         none = drafted < 0
-        reductions = reduce(positions, drafted.clamp(min=0), actuals, no_min_p=v1 if bool(v1.any()) else None)
+        reductions = reduce(positions, drafted.clamp(min=0), actuals, no_min_p=v1 if bool(v1.any()) else None,
+                            **_grammar_masks(groups))  # --grammar: sampled acceptance under the mask
         if bool(none.any()):
             reductions.target_logprob[none.to(reductions.target_logprob.device)] = float("nan")
             for values in reductions.p_accept.values():
@@ -262,6 +282,7 @@ def drafter_columns(ids: torch.Tensor, segments: torch.Tensor, spans, groups, he
         cols["draft_len"] = (tokens >= 0).sum(dim=1).numpy().astype(np.int8)[ix.anchor_index.numpy()]
         if groups[code].allowed is not None:  # d_k allowed by the grammar given x_0..x_p and d_1..d_{k-1}
             cols["draft_allowed"] = groups[code].allowed[ix.anchor_index.numpy(), g_v[(code, kk)], ix.depth.numpy() - 1]
+            _refused_never_accepted(cols)
         from_model = groups[code].from_model
         check_finite(cols, head=from_model[:, g_v[(code, kk)]][ix.anchor_index.numpy()] if from_model is not None
                      else np.zeros(R, dtype=bool))

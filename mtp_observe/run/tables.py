@@ -256,6 +256,12 @@ before the directory is checked and held until the manifest is final; a second r
 --overwrite on the directory is refused naming the holder (pid, host, start, written in the file).
 The kernel releases the lock when its process dies, so a lock file left by a killed replay (its pid
 dead) does not block: the file's content only names the holder, the flock is what locks.
+
+Version 6 (no column added; docs/grammar.md): in a run with run.json `grammar` (replay --grammar tools), a row whose
+predicted token x_{p+k} lies in a tool-call region the grammar constrains has p_accept_<profile> from the target's
+logits with the grammar's disallowed tokens at -inf before the profile's sampler (renormalised over the allowed set,
+as vLLM masks the target's logits before its rejection sampler), and 0 where draft_allowed is false. A version-5
+grammar run's p_accept is unmasked; --resume refuses to mix the two (a different schema_version).
 """
 
 from __future__ import annotations
@@ -274,9 +280,10 @@ from .entries import LOCK, MANIFEST, POSITIONS, REQUESTS, is_manifest, overwrite
 from .readers import _one_line, _run_error
 from .schema import REQUESTS_SCHEMA, ROUTING, fit_type, positions_schema, requests_schema
 
-SCHEMA_VERSION = 5  # 4: run.json errors[] may carry "turn" (one turn skipped under --on-error skip); 5: positions
+SCHEMA_VERSION = 6  # 4: run.json errors[] may carry "turn" (one turn skipped under --on-error skip); 5: positions
 #                     `accepted_past_end` (drafts past the end of the turn an engine counts as accepted), and
-#                     replay --grammar's columns (forced, allowed, draft_allowed) and run.json `grammar`
+#                     replay --grammar's columns (forced, allowed, draft_allowed) and run.json `grammar`; 6: under
+#                     --grammar, p_accept_<profile> is the masked sampler's on tool-call rows (module docstring)
 SEGMENTS = ["reasoning", "text", "tool_call", "end"]
 
 
