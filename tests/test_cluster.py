@@ -80,6 +80,7 @@ def manifest(run: Path) -> dict:
     return json.loads((run / "run.json").read_text())
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_two_replicas_on_the_bundled_model_equal_the_single_process_run_with_progress_across_the_job(
         cluster, sessions, single, tmp_path):
     observer = Recording()
@@ -99,6 +100,7 @@ def test_two_replicas_on_the_bundled_model_equal_the_single_process_run_with_pro
     assert state.sessions_done == state.sessions == 4 and state.rate is not None
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_a_killed_replica_is_replaced_and_a_session_that_kills_every_replica_is_recorded_and_skipped(
         cluster, sessions, single, tmp_path):
     """s1 kills its replica once (then replays on the replacement); s2 kills every replica it reaches (so, after

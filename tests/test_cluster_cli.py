@@ -47,6 +47,7 @@ def ray_cli(*args, env=None, **kwargs):
                            *map(str, args)], capture_output=True, text=True, env=env, timeout=600, **kwargs)
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_ray_from_the_command_line_with_a_tree_a_head_precision_and_a_killed_replica_ends_complete(tmp_path):
     """bf66717: the CLI's progress display refused `tokens=` (a TypeError after the replicas loaded); then the final
     check expected the chain's rows only and called the run damaged."""

@@ -442,6 +442,7 @@ NEXTN_WITH_REAL_VOCABULARY = dict(family="deepseek_v3", layout="text", vocab_siz
                                   qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, moe_intermediate_size=32, shards=1)
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_a_nextn_target_at_deepseeks_vocabulary_replays_a_16k_token_session_within_the_moe_peak(make_checkpoint, tmp_path):
     """The MoE bound above (2.5 GB) for a DeepSeek-V3-layout target and NextN head over 16,384 tokens, 2,048 of them
     scored: the head's fp32 logits at K = 2 over 129,280 tokens would be 2.1 GB on their own, the target's at those

@@ -168,7 +168,10 @@ def request_works(rendered, k: int, chunk_size: int, num_heads: int) -> list[Rep
             requests=1, tokens=n, prefill=n - start, reused=start, anchors=len(anchors), drafts=sum(depths),
             anchor_positions=sum(anchors), tool_call_tokens=sum(sp.segments.count(TOOL_CALL) for sp in request.spans),
             target_pairs=chunk_pairs(prefill_chunks(start, n, chunk_size, keep_at)),
-            head_pairs=chunk_pairs(prefill_chunks(rows_from, n - 1, chunk_size)) + chain_pairs(anchors, depths, k, num_heads)))
+            head_pairs=chunk_pairs(prefill_chunks(rows_from, n - 1, chunk_size)) + chain_pairs(anchors, depths, k, num_heads)
+            # the chain again over the anchors whose draft reaches past the end of the turn, one step deeper
+            # (requests._head_past_end_tokens: the draft an engine counts past the end-of-turn token)
+            + chain_pairs([p for p, d in zip(anchors, depths) if d < k], [d + 1 for d in depths if d < k], k, num_heads)))
         carry = keep_at or 0
     return out
 
