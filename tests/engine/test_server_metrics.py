@@ -11,24 +11,16 @@ other acceptance) must be refused: compare can fail.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from .conftest import MAX_TOKENS, MODEL, SEED, K, engine_env, replay_engine_counts
+from .conftest import MAX_TOKENS, MODEL, K, replay_engine_counts, vllm_server
 
 pytestmark = pytest.mark.engine
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(url: str, body: dict) -> dict:
@@ -42,28 +34,8 @@ def server_scrape(engine_python, demo_turns, tmp_path_factory):
     """(the server's output token ids per turn, the path of its /metrics text after the demo turns)."""
     _, prompts = demo_turns
     work = tmp_path_factory.mktemp("engine-server")
-    port = _free_port()
-    log = open(work / "server.log", "w")
-    server = subprocess.Popen(
-        [str(engine_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL), "--host", "127.0.0.1",
-         "--port", str(port), "--dtype", "bfloat16", "--seed", str(SEED), "--language-model-only",
-         "--no-enable-prefix-caching", "--gpu-memory-utilization", "0.1", "--max-model-len", "4096",
-         "--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": K})],
-        stdout=log, stderr=subprocess.STDOUT, env=engine_env())
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 900
-        while True:
-            assert server.poll() is None, (work / "server.log").read_text()[-6000:]
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.time() < deadline, "the server did not come up in 15 minutes"
-            time.sleep(2)
-
+    with vllm_server(engine_python, work, "--speculative-config",
+                     json.dumps({"method": "mtp", "num_speculative_tokens": K})) as base:
         def complete(prompt):
             out = _post(base + "/v1/completions", {"model": str(MODEL), "prompt": prompt, "temperature": 0.0,
                                                    "max_tokens": MAX_TOKENS, "return_token_ids": True})
@@ -73,13 +45,6 @@ def server_scrape(engine_python, demo_turns, tmp_path_factory):
             tokens = list(pool.map(complete, prompts))
         with urllib.request.urlopen(base + "/metrics", timeout=60) as r:
             (work / "metrics.txt").write_bytes(r.read())
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
     return tokens, work / "metrics.txt"
 
 
