@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -126,3 +127,10 @@ def tiny_model(tiny_checkpoint):
     from mtp_observe.model.loading import load_model
 
     return load_model(tiny_checkpoint)
+
+
+def interruptible() -> None:
+    """subprocess.Popen's preexec_fn for a child the test interrupts with SIGINT: Ctrl-C's default action restored in
+    it. A background job of a non-interactive shell (`bash .ci/run &`) starts with SIGINT ignored, every child
+    inherits that, and Python then installs no KeyboardInterrupt handler: the signal would be lost."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -22,6 +22,7 @@ from mtp_observe.run.cluster import FAULT_ENV
 from mtp_observe.run.options import ReplayOptions
 from mtp_observe.run.pipeline import replay
 
+from .conftest import interruptible
 from .test_merge import report_of, same_tables
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +74,7 @@ def test_ctrl_c_stops_a_ray_run_from_the_command_line_and_resume_completes_it(tm
     run = tmp_path / "ray"
     p = subprocess.Popen([sys.executable, "-m", "mtp_observe", "replay", str(CODING), *OPTIONS, "--ray", "local",
                           "--replicas", "1", "--out", str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+                         text=True, preexec_fn=interruptible)
     started = time.monotonic()
     while p.poll() is None and time.monotonic() - started < 300:
         if (run / "requests.parquet").is_dir() and any((run / "requests.parquet").glob("part-*.parquet")):

@@ -22,6 +22,7 @@ from mtp_observe.run.pipeline import replay
 from mtp_observe.run.schema import positions_schema, requests_schema
 from mtp_observe.run.tables import SCHEMA_VERSION
 
+from .conftest import interruptible
 from .reference_head import ReferenceHead
 
 SESSION = {
@@ -241,17 +242,17 @@ def test_a_run_killed_mid_way_and_resumed_equals_an_uninterrupted_run(tiny_check
 def test_ctrl_c_keeps_the_finished_sessions_counts_them_in_run_json_and_says_how_to_resume(tiny_checkpoint, tmp_path):
     """Parts of 3 sessions: at Ctrl-C the sessions finished since the last part are written too, and run.json's
     counts (and the message) are what the parts on disk hold."""
-    SESSIONS = 200  # enough that the interrupt lands before the end, on an idle machine as on a loaded one
+    SESSIONS = 40
     records = [dict(SESSION, id=f"s{i}") for i in range(SESSIONS)]
     sessions = write_sessions(tmp_path / "s.jsonl", records)
     out = tmp_path / "interrupted"
     proc = subprocess.Popen([sys.executable, "-m", "mtp_observe", "replay", str(sessions), "--model", str(tiny_checkpoint),
                              "--k", "2", "--device", "cpu", "--out", str(out), "--part-sessions", "3"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     deadline = time.time() + 300
     while time.time() < deadline and len(list((out / "requests.parquet").glob("part-*"))) < 1:
         time.sleep(0.05)
-    time.sleep(0.05)  # into the next group (an idle machine finished 80 sessions within 0.5 s)
+    time.sleep(0.5)  # into the next group
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate()
     on_disk = pq.read_table(out / "requests.parquet", columns=["session_id"]).column("session_id").to_pylist()
