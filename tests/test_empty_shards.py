@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from mtp_observe.run.shards import shard_of
 
 from .test_replay import SESSION, run_cli, write_sessions
@@ -30,6 +32,7 @@ def test_the_ids_leave_shard_1_of_8_empty():  # pinned: the tests below rely on 
     assert sorted(owners()) == [0, 2, 3, 4, 7] and 1 not in owners()
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_an_empty_shard_is_a_success_and_merge_joins_it_like_any_other(tiny_checkpoint, tmp_path):
     sessions = six_sessions(tmp_path)
     base = ["--model", tiny_checkpoint, "--device", "cpu", "--k", "2"]

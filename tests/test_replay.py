@@ -429,6 +429,7 @@ def test_replaying_a_32k_token_session_with_the_real_vocabulary_stays_under_6_gb
     assert peak < 6e9, f"peak RSS {peak / 1e9:.2f} GB"
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_replaying_on_a_moe_target_keeps_nothing_vocabulary_sized_per_position(make_checkpoint, tmp_path):
     """4,096 positions of fp32 logits over the real vocabulary would be 4.1 GB on their own."""
     model = make_checkpoint(**TINY_WITH_REAL_VOCABULARY, family="qwen3_5_moe", moe_intermediate_size=32,
