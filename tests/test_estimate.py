@@ -352,6 +352,7 @@ def _slow_generate(tmp_path, seconds: float, *args):
     return argv, out
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_through_a_pipe_generate_prints_a_line_every_n_seconds_inside_a_long_prefill(tiny_checkpoint, tmp_path):
     """Each prefill chunk (64 tokens) takes 0.25 s and lines are due every 0.05 s: lines come while a chunk runs
     (several with the same prompt tokens), the prompt tokens move chunk by chunk, and the last line counts every
@@ -373,6 +374,7 @@ def test_through_a_pipe_generate_prints_a_line_every_n_seconds_inside_a_long_pre
     assert time.monotonic() - started < 600 and out.exists()
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_on_a_terminal_generates_live_line_moves_inside_a_long_prefill_and_is_cleared(tiny_checkpoint, tmp_path):
     import pty
 

@@ -68,6 +68,7 @@ def test_a_model_that_outputs_nan_stops_the_run_with_one_line(tiny_checkpoint, t
     assert not list(out.glob("positions.parquet/part-*"))  # nothing of the NaN session was written
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_a_replay_that_finishes_says_the_kernel_fallbacks_once_in_its_own_words(tiny_checkpoint, tmp_path):
     path = write_sessions(tmp_path / "s.jsonl", [SESSION])
     r = run_cli("replay", path, "--model", tiny_checkpoint, "--k", "1", "--device", "cpu", "--out", tmp_path / "run",

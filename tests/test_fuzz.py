@@ -209,6 +209,7 @@ SLOW = {"engine": 1500, "cli compare": 150, "cli generate": 100, "import": 400, 
 
 
 @pytest.mark.slow
+@pytest.mark.manual  # over 15 minutes of fuzzing on 2 cores (a .ci/run, 2026-12-03): run by hand, out of .ci/run
 def test_fuzz_the_readers_and_importers_with_over_5000_inputs(tmp_path, tiny_checkpoint, renderer, small_run):
     before = sum(RUNS.values())
     engine_property(examples=SLOW["engine"], fast=False)

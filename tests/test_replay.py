@@ -424,6 +424,7 @@ TINY_WITH_REAL_VOCABULARY = dict(vocab_size=248_320, hidden_size=16, intermediat
 # Slow (70 s of the default suite's time): its smaller versions stay in the default suite, the MoE target's 4,096
 # positions below (nothing vocabulary-sized per position) and the NextN target's 16,384-token session.
 @pytest.mark.slow
+@pytest.mark.manual  # a 32k-token session on the real vocabulary: run by hand, out of .ci/run
 def test_replaying_a_32k_token_session_with_the_real_vocabulary_stays_under_6_gb(make_checkpoint, tmp_path):
     peak = replay_peak_rss(make_checkpoint(**TINY_WITH_REAL_VOCABULARY), tmp_path, 32_768, 8_192)
     assert peak < 6e9, f"peak RSS {peak / 1e9:.2f} GB"

@@ -201,6 +201,7 @@ def replay_held_inside(sessions: Path, model: Path, out: Path, tmp_path: Path):
                 proc.kill()
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_a_second_replay_overwrite_or_resume_is_refused_while_the_first_runs_naming_it(tiny_checkpoint, tmp_path):
     sessions = write_sessions(tmp_path / "s.jsonl", [SESSION, dict(SESSION, id="two")])
     out = tmp_path / "run"
@@ -312,6 +313,7 @@ def _limit_file_size(limit: int):
     return apply
 
 
+@pytest.mark.slow  # in .ci/run's slow step, after the default suite (README: Tests)
 def test_a_write_the_os_refuses_mid_run_is_one_line_and_the_run_resumes_to_the_same_rows(tiny_checkpoint, tmp_path):
     """A real OS failure: RLIMIT_FSIZE with SIGXFSZ ignored makes the write of the one large part fail with EFBIG
     ("File too large"), as a full disk fails a write with ENOSPC; small files (run.json, the small parts) still fit."""

@@ -358,6 +358,7 @@ def greedy_run(tmp_path_factory):
 
 
 @pytest.mark.slow  # about 2 minutes: a draft and a verify from scratch at every step of the loop
+@pytest.mark.manual  # run by hand, out of .ci/run (its 60-minute budget)
 @pytest.mark.parametrize("theta", [0.35, 0.6])
 def test_the_stopped_walk_is_a_real_draft_and_verify_loop_with_llama_cpps_stop(greedy_run, theta):
     model, head, tokens, s, run_dir = greedy_run
